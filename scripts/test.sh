@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Sets up .venv (with the test tools) and runs the test suite.
+#   bash scripts/test.sh           # the default suite (everything not marked slow)
+#   bash scripts/test.sh --slow    # only the slow tests (learning proofs with distributed strategies, ...)
+#   bash scripts/test.sh -- ARGS   # extra pytest arguments
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh --dev
+marker="not slow"
+if [ "${1:-}" = "--slow" ]; then marker="slow"; shift; fi
+[ "${1:-}" = "--" ] && shift
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 WANDB_MODE=offline
+export TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$PWD/.cache/torch_extensions}"
+exec .venv/bin/python -m pytest -m "$marker" "$@"

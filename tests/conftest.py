@@ -1,0 +1,44 @@
+"""Shared fixtures: offline settings, tiny models built once per test session, the shared data folder."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("WANDB_MODE", "offline")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO.parent / "shared" / "data"
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory):
+    """``tiny_model(arch, **sizes) -> Path``: a tiny random model folder, built once per session."""
+    from vlrft.models.tiny import make_tiny_model
+
+    cache: dict[tuple, Path] = {}
+    root = tmp_path_factory.mktemp("tiny-models")
+
+    def get(arch: str = "qwen2_5_vl", **sizes) -> Path:
+        key = (arch, tuple(sorted(sizes.items())))
+        if key not in cache:
+            name = arch + "".join(f"-{k}{v}" for k, v in key[1])
+            cache[key] = make_tiny_model(root / name, arch=arch, **sizes)
+        return cache[key]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    """``../shared/data`` (real GSM8K and Geometry3K examples); tests using it skip when it is absent."""
+    if not SHARED_DATA.is_dir():
+        pytest.skip(f"shared data folder {SHARED_DATA} is absent")
+    return SHARED_DATA

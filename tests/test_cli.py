@@ -1,0 +1,53 @@
+"""The ``vlrft`` entry point and the set-up environment."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+
+def _vlrft(*args, **kw):
+    return subprocess.run([sys.executable, "-m", "vlrft", *args], capture_output=True, text=True, **kw)
+
+
+def test_help_of_every_subcommand():
+    from vlrft.cli import build_parser
+
+    top = _vlrft("--help")
+    assert top.returncode == 0 and "usage: vlrft" in top.stdout
+    sub = build_parser()._subparsers._group_actions[0].choices
+    assert "make-tiny-model" in sub
+    for name in sub:
+        res = _vlrft(name, "--help")
+        assert res.returncode == 0 and f"usage: vlrft {name}" in res.stdout, res.stderr
+
+
+def test_make_tiny_model_cli_writes_a_loadable_folder(tmp_path):
+    res = _vlrft("make-tiny-model", str(tmp_path / "m"), "--arch", "qwen2", "--seed", "1")
+    assert res.returncode == 0, res.stderr
+    assert "wrote tiny qwen2" in res.stdout
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "m")
+    assert model.config.num_hidden_layers == 2
+
+
+def test_cli_defaults_match_the_factory():
+    from vlrft.cli import build_parser
+    from vlrft.models.tiny import TinySpec
+
+    args = build_parser().parse_args(["make-tiny-model", "out"])
+    for key, value in TinySpec().__dict__.items():
+        assert getattr(args, key) == value, key
+
+
+def test_no_cuda_packages_in_a_cpu_environment():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("GPU machine: the CUDA build of torch is expected here")
+    listing = subprocess.run([sys.executable, "-m", "pip", "list"], capture_output=True, text=True).stdout
+    assert "torch" in listing
+    assert [line for line in listing.splitlines() if line.lower().startswith("nvidia-")] == []

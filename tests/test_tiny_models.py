@@ -1,0 +1,126 @@
+"""The tiny-model factory writes real Qwen(-VL) models that the Auto classes reload and train."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from PIL import Image
+
+import vlrft.models  # noqa: F401  (registers the image-only processors)
+from vlrft.archs import ARCHS, VL_ARCHS
+from vlrft.models.processing import torchvision_available
+from vlrft.models.tiny import SPECIAL_TOKENS, TinySpec, make_tiny_model
+
+
+def _load(path, arch):
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
+
+    if arch in VL_ARCHS:
+        return AutoModelForImageTextToText.from_pretrained(path), AutoProcessor.from_pretrained(path)
+    return AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
+
+
+def _chat_batch(arch, proc):
+    if arch in VL_ARCHS:
+        image = Image.new("RGB", (84, 56), (200, 30, 30))
+        content = [{"type": "image", "image": image}, {"type": "text", "text": "What colour is the image?"}]
+    else:
+        content = "Tom has 3 apples and buys 4 more. How many apples does he have?"
+    messages = [{"role": "user", "content": content}, {"role": "assistant", "content": "The answer is 7."}]
+    return proc.apply_chat_template(messages, tokenize=True, return_dict=True, return_tensors="pt")
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_reload_forward_generate_backward_step(tiny_model, arch):
+    path = tiny_model(arch)
+    model, proc = _load(path, arch)
+    assert sum(p.numel() for p in model.parameters()) < 3_000_000
+    batch = _chat_batch(arch, proc)
+    ids = batch["input_ids"]
+    if arch in VL_ARCHS:
+        # 84x56 pixels -> a 6x4 patch grid (14 px patches; 16 px for qwen3_vl -> rounded to 32 px multiples)
+        grid = batch["image_grid_thw"].tolist()[0]
+        n_image_tokens = (ids == proc.image_token_id).sum().item()
+        assert n_image_tokens == grid[0] * grid[1] * grid[2] // 4
+        assert 4 <= n_image_tokens <= 16
+    model.train()
+    out = model(**batch, labels=ids)
+    vocab = model.config.get_text_config().vocab_size
+    assert out.logits.shape == (1, ids.shape[1], vocab)
+    # a random init predicts close to uniform: loss near ln(vocab)
+    assert math.isfinite(out.loss.item()) and abs(out.loss.item() - math.log(vocab)) < 0.5
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    out.loss.backward()
+    opt.step()
+    opt.zero_grad()
+    after = model(**batch, labels=ids).loss.item()
+    assert after < out.loss.item() - 0.05  # one step on the same batch lowers its loss
+    model.eval()
+    torch.manual_seed(0)
+    gen = model.generate(**batch, do_sample=True, temperature=1.0, max_new_tokens=6, min_new_tokens=6)
+    assert gen.shape == (1, ids.shape[1] + 6)
+    assert torch.equal(gen[0, : ids.shape[1]], ids[0])
+
+
+def test_same_seed_same_bytes_and_different_seed_differs(tmp_path):
+    a = make_tiny_model(tmp_path / "a", arch="qwen2_5_vl", seed=3)
+    b = make_tiny_model(tmp_path / "b", arch="qwen2_5_vl", seed=3)
+    c = make_tiny_model(tmp_path / "c", arch="qwen2_5_vl", seed=4)
+    names = sorted(p.name for p in a.iterdir())
+    assert names == sorted(p.name for p in b.iterdir())
+    assert "model.safetensors" in names and "processor_config.json" in names
+    for name in names:
+        assert (a / name).read_bytes() == (b / name).read_bytes(), name
+    assert (a / "model.safetensors").read_bytes() != (c / "model.safetensors").read_bytes()
+    assert (a / "tokenizer.json").read_bytes() == (c / "tokenizer.json").read_bytes()
+
+
+def test_sizes_are_honoured(tmp_path):
+    from transformers import AutoConfig
+
+    path = make_tiny_model(tmp_path / "m", arch="qwen2_5_vl", hidden=96, layers=3, vision_depth=1, heads=4)
+    cfg = AutoConfig.from_pretrained(path)
+    assert cfg.text_config.hidden_size == 96 and cfg.text_config.num_hidden_layers == 3
+    assert cfg.vision_config.depth == 1 and cfg.vision_config.out_hidden_size == 96
+    assert sum(cfg.text_config.rope_parameters["mrope_section"]) == 96 // 4 // 2
+    with pytest.raises(ValueError, match="unknown arch"):
+        make_tiny_model(tmp_path / "x", arch="llama")
+
+
+def test_tokenizer_special_tokens_follow_the_bpe_vocab_in_qwen_order(tiny_model):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model("qwen2"))
+    ids = [tok.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS]
+    assert ids == list(range(TinySpec().vocab_size - len(SPECIAL_TOKENS), TinySpec().vocab_size))
+    assert len(tok) == TinySpec().vocab_size
+    assert tok.eos_token == "<|im_end|>" and tok.pad_token == "<|endoftext|>"
+    text = "Natalia sold 48 clips in April. #### 72 \\boxed{72} <think>so</think>"
+    assert tok.decode(tok(text)["input_ids"]) == text
+    assert tok("12345")["input_ids"] == [tok.convert_tokens_to_ids(d) for d in "12345"]  # digits split
+    prompt = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
+    assert prompt == (
+        "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+
+
+def test_vl_processor_needs_no_torchvision(tiny_model):
+    from transformers import AutoProcessor
+
+    proc = AutoProcessor.from_pretrained(tiny_model("qwen2_vl"))
+    assert type(proc.image_processor).__name__ == "Qwen2VLImageProcessorPil"
+    if not torchvision_available():
+        assert type(proc).__name__ == "ImageOnlyQwen2VLProcessor"
+    sizes = [(28, 28), (112, 112), (300, 300)]
+    out = proc(
+        text=["<|vision_start|><|image_pad|><|vision_end|>x"] * len(sizes),
+        images=[Image.new("RGB", s) for s in sizes],
+        return_tensors="pt",
+        padding=True,
+    )
+    # bounds: min_pixels 3136 (28x28 grows to 56x56 -> 4 tokens), max_pixels 12544 (112x112 -> 16
+    # tokens); 300x300 shrinks by sqrt(90000/12544) and rounds down to 84x84 (9 tokens)
+    assert out["image_grid_thw"].tolist() == [[1, 4, 4], [1, 8, 8], [1, 6, 6]]

@@ -1,0 +1,5 @@
+import sys
+
+from vlrft.cli import main
+
+sys.exit(main())

@@ -1,0 +1,166 @@
+"""Typed configs: nested dataclasses, YAML files, dotted command-line overrides, validated at start-up.
+
+A config schema is a tree of dataclasses whose fields are declared with :func:`option`, which carries
+the help text (shown by ``--help``) and, for string options with a fixed vocabulary, the allowed
+values. :func:`load_config` merges defaults <- YAML file <- ``key.sub=value`` overrides with OmegaConf
+structured configs, so unknown keys and wrong types are refused, and reports every problem as a
+:class:`ConfigError` naming the source, the dotted key and what was expected.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import typing
+from pathlib import Path
+from typing import Any, TypeVar
+
+from omegaconf import OmegaConf
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
+
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """A config value or key that cannot be accepted; the message names where and why."""
+
+
+def option(default: Any = dataclasses.MISSING, help: str = "", choices: tuple | None = None, **kwargs):
+    """A dataclass field with help text and optional allowed values (checked by :func:`load_config`).
+
+    Mutable defaults (lists, dicts, dataclass instances) are wrapped in a default factory.
+    """
+    metadata = {"help": help}
+    if choices is not None:
+        metadata["choices"] = tuple(choices)
+    if default is not dataclasses.MISSING and (
+        isinstance(default, (list, dict)) or dataclasses.is_dataclass(default)
+    ):
+        factory = (lambda d=default: type(d)(**dataclasses.asdict(d))) if dataclasses.is_dataclass(default) else (
+            lambda d=default: type(d)(d)
+        )
+        return dataclasses.field(default_factory=factory, metadata=metadata, **kwargs)
+    return dataclasses.field(default=default, metadata=metadata, **kwargs)
+
+
+def _known_keys(schema: type, dotted: str) -> list[str]:
+    node: Any = schema
+    for part in [p for p in dotted.split(".") if p][:-1]:
+        hints = typing.get_type_hints(node) if dataclasses.is_dataclass(node) else {}
+        node = hints.get(part)
+        if node is None or not dataclasses.is_dataclass(node):
+            return []
+    return [f.name for f in dataclasses.fields(node)] if dataclasses.is_dataclass(node) else []
+
+
+def _explain(exc: OmegaConfBaseException, schema: type, source: str) -> ConfigError:
+    key = getattr(exc, "full_key", None) or "?"
+    if isinstance(exc, ConfigKeyError) or "not in" in str(exc):
+        known = _known_keys(schema, key)
+        leaf = key.rsplit(".", 1)[-1]
+        close = difflib.get_close_matches(leaf, known, n=1)
+        hint = f"; did you mean '{close[0]}'?" if close else ""
+        where = key.rsplit(".", 1)[0] + "." if "." in key else ""
+        return ConfigError(
+            f"{source}: unknown config key '{key}'{hint} Known keys under '{where or '(top level)'}': "
+            f"{', '.join(known)}"
+        )
+    if isinstance(exc, ValidationError):
+        msg = str(exc).splitlines()[0]
+        return ConfigError(f"{source}: bad value for config key '{key}': {msg}")
+    return ConfigError(f"{source}: config key '{key}': {str(exc).splitlines()[0]}")
+
+
+def _check_choices(obj: Any, prefix: str = "") -> None:
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        key = f"{prefix}{f.name}"
+        choices = f.metadata.get("choices")
+        if choices is not None and value not in choices:
+            raise ConfigError(
+                f"config key '{key}' = {value!r} is not allowed; choose one of: {', '.join(map(str, choices))}"
+            )
+        if dataclasses.is_dataclass(value):
+            _check_choices(value, key + ".")
+    validate = getattr(obj, "validate", None)
+    if callable(validate):
+        try:
+            validate()
+        except ConfigError:
+            raise
+        except ValueError as exc:
+            raise ConfigError(f"config section '{prefix.rstrip('.') or '(top level)'}': {exc}") from exc
+
+
+def load_config(schema: type[T], path: str | Path | None = None, overrides: list[str] | tuple = ()) -> T:
+    """Defaults of ``schema`` <- YAML at ``path`` <- dotted ``key=value`` overrides, validated.
+
+    Returns an instance of ``schema``. Raises :class:`ConfigError` naming the key, its source and
+    what was expected for unknown keys, wrong types, disallowed values and failed ``validate()`` checks.
+    """
+    cfg = OmegaConf.structured(schema)
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file {path} does not exist")
+        try:
+            loaded = OmegaConf.load(path)
+        except Exception as exc:  # YAML syntax errors carry their line
+            raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+        if not isinstance(loaded, type(OmegaConf.create({}))):
+            raise ConfigError(f"{path}: the top level must be a mapping of config keys")
+        try:
+            cfg = OmegaConf.merge(cfg, loaded)
+        except OmegaConfBaseException as exc:
+            raise _explain(exc, schema, str(path)) from exc
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"command-line override {item!r} must look like key.sub=value")
+        try:
+            cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist([item]))
+        except OmegaConfBaseException as exc:
+            raise _explain(exc, schema, f"command-line override {item!r}") from exc
+    try:
+        obj = OmegaConf.to_object(cfg)
+    except OmegaConfBaseException as exc:  # e.g. a required value still missing
+        raise _explain(exc, schema, "config") from exc
+    _check_choices(obj)
+    return obj
+
+
+def to_yaml(cfg: Any) -> str:
+    """The resolved config as YAML (what is written into every run folder)."""
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+
+def save_config(cfg: Any, out_dir: str | Path, name: str = "config.yaml") -> Path:
+    """Write the resolved config into ``out_dir/name`` and return the path."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / name
+    path.write_text(to_yaml(cfg))
+    return path
+
+
+def describe(schema: type, prefix: str = "") -> list[str]:
+    """One line per config key: dotted name, type, default, allowed values and help."""
+    lines = []
+    hints = typing.get_type_hints(schema)
+    for f in dataclasses.fields(schema):
+        key = f"{prefix}{f.name}"
+        typ = hints[f.name]
+        if dataclasses.is_dataclass(typ):
+            lines.append(f"{key}: {f.metadata.get('help', '')}".rstrip())
+            lines.extend(describe(typ, key + "."))
+            continue
+        if f.default is not dataclasses.MISSING:
+            default = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
+        else:
+            default = "(required)"
+        tname = getattr(typ, "__name__", str(typ).replace("typing.", ""))
+        choices = f.metadata.get("choices")
+        extra = f" {{{', '.join(map(str, choices))}}}" if choices else ""
+        lines.append(f"  {key} ({tname}{extra}, default {default!r}): {f.metadata.get('help', '')}")
+    return lines
