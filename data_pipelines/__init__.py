@@ -1,0 +1,2 @@
+"""Image-text data pipelines: record schemas, readers, images, chat formatting, collation, converters,
+synthetic verifiable visual tasks."""

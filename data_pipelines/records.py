@@ -1,0 +1,58 @@
+"""The three kinds of records vlrft reads.
+
+A record's text may carry ``<image>`` placeholders where its images go (their count must equal the
+number of images); without placeholders, images come before the text. A text-only record has
+``images == []`` and goes through the same code paths as a vision-language one.
+
+``images`` holds whatever the reader found (path, bytes, data URI, PIL image) until
+``data_pipelines.images`` loads them into RGB ``PIL.Image`` objects.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+IMAGE_PLACEHOLDER = "<image>"
+
+
+@dataclass
+class PromptRecord:
+    """A prompt for RL rollouts and evaluation."""
+
+    id: str
+    prompt: str  # the user turn's text, with optional <image> placeholders
+    images: list[Any] = field(default_factory=list)
+    answer: str | None = None  # reference answer the rule verifiers check against
+    task: str = "default"  # selects the verifiers / reward recipe
+    system: str | None = None  # optional system prompt
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class PreferencePair:
+    """A preference pair for scalar reward models: ``chosen`` is preferred to ``rejected``."""
+
+    id: str
+    prompt: str
+    chosen: str
+    rejected: str
+    images: list[Any] = field(default_factory=list)
+    tie: bool = False  # the two responses are equally good
+    margin: float = 0.0  # optional Bradley-Terry margin (how much better chosen is)
+    task: str = "default"
+    system: str | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class JudgmentRecord:
+    """A supervised record for generative reward models (judges): the judge should answer ``target``."""
+
+    id: str
+    prompt: str
+    target: str
+    images: list[Any] = field(default_factory=list)
+    task: str = "default"
+    system: str | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
