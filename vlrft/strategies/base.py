@@ -1,0 +1,268 @@
+"""The training-strategy seam: one small interface, three implementations (single, FSDP2, DeepSpeed).
+
+A strategy owns the distributed set-up, wraps model and optimizer, and does backward, optimizer step
+(with gradient clipping and the LR schedule), collectives, exact checkpoint save/load and the
+full-state export. Trainers call only these methods, so the same loop runs on one CPU process, under
+``torchrun`` with gloo, or on a GPU cluster.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import shutil
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from vlrft.config import option
+
+
+@dataclass
+class StrategyConfig:
+    """How the model is distributed and optimised."""
+
+    name: str = option("single", "training strategy", choices=("single", "fsdp2", "deepspeed"))
+    zero_stage: int = option(2, "DeepSpeed ZeRO stage (deepspeed only)", choices=(1, 2, 3))
+    grad_clip: float = option(1.0, "max global gradient norm (0 disables clipping)")
+    mixed_precision: str = option(
+        "no", "parameter/compute dtype for training: 'bf16' on GPUs, 'no' keeps fp32", choices=("no", "bf16")
+    )
+    cpu_offload: bool = option(False, "offload parameters/optimizer state to CPU memory (fsdp2, deepspeed)")
+    gradient_checkpointing: bool = option(False, "recompute activations in backward to save memory")
+    freeze_vision_tower: bool = option(False, "train only the language model (vision encoder frozen)")
+    lora_rank: int = option(0, "LoRA rank through peft (0: full fine-tuning)")
+    lora_alpha: int = option(16, "LoRA alpha")
+    lora_target_modules: str = option(
+        "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj", "comma-separated module names for LoRA"
+    )
+    seed: int = option(0, "seed for initialisation, sampling and data order")
+
+    def validate(self) -> None:
+        if self.grad_clip < 0:
+            raise ValueError(f"grad_clip must be >= 0, got {self.grad_clip}")
+
+
+@dataclass
+class OptimConfig:
+    """Optimizer and learning-rate schedule (AdamW, linear warm-up, then constant or cosine)."""
+
+    lr: float = option(1e-6, "peak learning rate")
+    weight_decay: float = option(0.0, "AdamW weight decay")
+    betas: list = option([0.9, 0.999], "AdamW betas")
+    eps: float = option(1e-8, "AdamW epsilon")
+    warmup_steps: int = option(0, "linear warm-up steps")
+    lr_scheduler: str = option("constant", "schedule after warm-up", choices=("constant", "cosine", "linear"))
+    min_lr_ratio: float = option(0.0, "final LR as a fraction of lr (cosine, linear)")
+
+
+def init_distributed(backend: str | None = None) -> tuple[int, int]:
+    """Initialise torch.distributed from torchrun's environment; returns (rank, world_size)."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return 0, 1
+    backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group(backend=backend, timeout=timedelta(minutes=30))
+    return dist.get_rank(), dist.get_world_size()
+
+
+def rng_state() -> dict[str, Any]:
+    """Every RNG the run draws from (python, numpy, torch CPU and CUDA)."""
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def make_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, total_steps: int):
+    """Linear warm-up to ``lr``, then constant, cosine or linear decay to ``min_lr_ratio * lr``."""
+
+    def factor(step: int) -> float:
+        if step < cfg.warmup_steps:
+            return (step + 1) / cfg.warmup_steps
+        if cfg.lr_scheduler == "constant" or total_steps <= cfg.warmup_steps:
+            return 1.0
+        progress = min(1.0, (step - cfg.warmup_steps) / max(1, total_steps - cfg.warmup_steps))
+        decay = 0.5 * (1 + math.cos(math.pi * progress)) if cfg.lr_scheduler == "cosine" else 1 - progress
+        return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * decay
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def make_optimizer(params, cfg: OptimConfig) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(
+        [p for p in params if p.requires_grad], lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps,
+        weight_decay=cfg.weight_decay,
+    )  # fmt: skip
+
+
+def atomic_dir(final: Path) -> Path:
+    """A fresh temporary sibling of ``final``; :func:`commit_dir` renames it into place."""
+    tmp = final.with_name(final.name + ".tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    return tmp
+
+
+def commit_dir(tmp: Path, final: Path) -> None:
+    (tmp / "COMPLETE").write_text("ok\n")
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+
+
+class Strategy:
+    """Base class: distributed set-up, collectives, model preparation shared by all strategies."""
+
+    def __init__(self, cfg: StrategyConfig, optim: OptimConfig | None = None):
+        self.cfg = cfg
+        self.optim_cfg = optim or OptimConfig()
+        self.rank, self.world_size = init_distributed()
+        self.device = (
+            torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+        )
+        self.model = self.optimizer = self.scheduler = None
+
+    # --- distributed helpers -------------------------------------------------------------------
+    @property
+    def is_rank0(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def shards_parameters(self) -> bool:
+        """True when a rank holds only part of the parameters (generation must then run in lockstep)."""
+        return False
+
+    def all_reduce(self, tensor: torch.Tensor, op: str = "mean") -> torch.Tensor:
+        """All-reduce a copy of ``tensor`` ('mean', 'sum' or 'max'); identity on one process."""
+        if not self.distributed:
+            return tensor
+        out = tensor.detach().clone().to(self.device)
+        dist.all_reduce(out, op={"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}[op])
+        if op == "mean":
+            out /= self.world_size
+        return out.to(tensor.device)
+
+    def all_gather_object(self, obj: Any) -> list:
+        if not self.distributed:
+            return [obj]
+        out = [None] * self.world_size
+        dist.all_gather_object(out, obj)
+        return out
+
+    def barrier(self) -> None:
+        if self.distributed:
+            dist.barrier()
+
+    def broadcast_object(self, obj: Any, src: int = 0) -> Any:
+        if not self.distributed:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=src)
+        return box[0]
+
+    # --- model preparation shared by all strategies --------------------------------------------
+    def _adapt_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        """Freezing, LoRA and gradient checkpointing, before any wrapping."""
+        if self.cfg.freeze_vision_tower:
+            for name, p in model.named_parameters():
+                if ".visual." in f".{name}" or name.startswith("visual") or "vision_tower" in name:
+                    p.requires_grad_(False)
+        if self.cfg.lora_rank > 0:
+            from peft import LoraConfig, get_peft_model
+
+            model = get_peft_model(
+                model,
+                LoraConfig(
+                    r=self.cfg.lora_rank,
+                    lora_alpha=self.cfg.lora_alpha,
+                    target_modules=[m.strip() for m in self.cfg.lora_target_modules.split(",") if m.strip()],
+                    lora_dropout=0.0,
+                ),
+            )
+        if self.cfg.gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            if hasattr(model, "enable_input_require_grads"):
+                model.enable_input_require_grads()
+            if hasattr(model, "config"):
+                model.config.use_cache = False
+        return model
+
+    # --- interface -----------------------------------------------------------------------------
+    def prepare(self, model: torch.nn.Module, total_steps: int = 1, trainable: bool = True):
+        """Wrap ``model`` (and build its optimizer and scheduler when ``trainable``)."""
+        raise NotImplementedError
+
+    def backward(self, loss: torch.Tensor, last_micro_batch: bool = True) -> None:
+        """Accumulate gradients of ``loss``; pass ``last_micro_batch=False`` for all but the last
+        micro-batch of an optimizer step (DeepSpeed reduces across ranks at that boundary)."""
+        raise NotImplementedError
+
+    def step(self) -> float:
+        """Clip gradients, step optimizer and scheduler, zero gradients; returns the global grad norm."""
+        raise NotImplementedError
+
+    def unwrap(self, model: torch.nn.Module | None = None) -> torch.nn.Module:
+        """The underlying ``nn.Module`` (for forward, generate and export)."""
+        return model if model is not None else self.model
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """The full (unsharded) model state on CPU; complete on rank 0 (may be empty elsewhere)."""
+        raise NotImplementedError
+
+    def save_checkpoint(self, path: str | Path, client_state: dict[str, Any]) -> None:
+        """Save model, optimizer, scheduler and ``client_state`` atomically to ``path`` (exact resume)."""
+        raise NotImplementedError
+
+    def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
+        """Restore what :meth:`save_checkpoint` wrote; returns the client state."""
+        raise NotImplementedError
+
+    def save_pretrained(self, out_dir: str | Path, processor: Any = None) -> None:
+        """Export the model with ``save_pretrained`` (safetensors) so transformers (and vLLM) load it."""
+        state = self.full_state_dict()
+        if self.is_rank0:
+            model = self.unwrap()
+            if hasattr(model, "merge_and_unload") and self.cfg.lora_rank > 0:
+                import copy
+
+                merged = copy.deepcopy(model)
+                merged.load_state_dict(state)
+                model, state = merged.merge_and_unload(), None
+            model.save_pretrained(out_dir, state_dict=state, safe_serialization=True)
+            if processor is not None:
+                processor.save_pretrained(out_dir)
+        self.barrier()
+
+    @property
+    def lr(self) -> float:
+        return self.optimizer.param_groups[0]["lr"] if self.optimizer is not None else 0.0

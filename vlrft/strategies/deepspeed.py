@@ -1,0 +1,107 @@
+"""DeepSpeed ZeRO-1/2/3 (gloo on CPU, NCCL on GPUs).
+
+Gradient accumulation stays under the trainer's control: losses arrive already normalised by the
+global token count, so ``backward`` does not rescale by the accumulation steps, and ``step`` marks the
+accumulation boundary itself.
+"""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from vlrft.strategies.base import Strategy, atomic_dir, commit_dir, make_optimizer, make_scheduler
+
+
+class DeepSpeedStrategy(Strategy):
+    def __init__(self, cfg, optim=None):
+        import deepspeed
+
+        super().__init__(cfg, optim)
+        if self.distributed or not torch.distributed.is_initialized():
+            deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
+        self.engine = None
+
+    @property
+    def shards_parameters(self) -> bool:
+        return self.distributed and self.cfg.zero_stage == 3
+
+    def _ds_config(self, trainable: bool) -> dict[str, Any]:
+        zero: dict[str, Any] = {"stage": self.cfg.zero_stage if trainable else (3 if self.cfg.zero_stage == 3 else 0)}
+        if self.cfg.cpu_offload and trainable:
+            zero["offload_optimizer"] = {"device": "cpu"}
+            if self.cfg.zero_stage == 3:
+                zero["offload_param"] = {"device": "cpu"}
+        return {
+            "train_micro_batch_size_per_gpu": 1,
+            "gradient_accumulation_steps": 1,
+            "gradient_clipping": self.cfg.grad_clip,
+            "zero_optimization": zero,
+            "bf16": {"enabled": self.cfg.mixed_precision == "bf16"},
+            "zero_allow_untested_optimizer": True,
+            "zero_force_ds_cpu_optimizer": False,
+            "steps_per_print": 10**9,
+            "wall_clock_breakdown": False,
+        }
+
+    def prepare(self, model: torch.nn.Module, total_steps: int = 1, trainable: bool = True):
+        import deepspeed
+
+        model = self._adapt_model(model) if trainable else model
+        if not trainable:
+            engine, *_ = deepspeed.initialize(model=model, config=self._ds_config(False))
+            engine.eval()
+            engine.module.requires_grad_(False)
+            return engine.module, None, None
+        optimizer = make_optimizer(model.parameters(), self.optim_cfg)
+        scheduler = make_scheduler(optimizer, self.optim_cfg, total_steps)
+        engine, optimizer, _, scheduler = deepspeed.initialize(
+            model=model, optimizer=optimizer, lr_scheduler=scheduler, config=self._ds_config(True)
+        )
+        self.engine, self.model, self.optimizer, self.scheduler = engine, engine.module, optimizer, scheduler
+        return self.model, self.optimizer, self.scheduler
+
+    def backward(self, loss: torch.Tensor, last_micro_batch: bool = True) -> None:
+        # ZeRO reduces gradients across ranks at the accumulation boundary only: the trainer says
+        # which micro-batch closes the optimizer step.
+        self.engine.set_gradient_accumulation_boundary(last_micro_batch)
+        self.engine.backward(loss, scale_wrt_gas=False)
+
+    def step(self) -> float:
+        self.engine.step()
+        norm = self.engine.get_global_grad_norm()
+        return float(norm) if norm is not None else float("nan")
+
+    def unwrap(self, model: torch.nn.Module | None = None) -> torch.nn.Module:
+        return self.engine.module if model is None else getattr(model, "module", model)
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        if self.cfg.zero_stage == 3:
+            state = self.engine._zero3_consolidated_16bit_state_dict()
+            return {k: v.cpu() for k, v in (state or {}).items()}
+        return {k: v.detach().cpu() for k, v in self.engine.module.state_dict().items()}
+
+    @property
+    def lr(self) -> float:
+        return self.engine.get_lr()[0] if self.engine is not None else 0.0
+
+    def save_checkpoint(self, path: str | Path, client_state: dict[str, Any]) -> None:
+        final = Path(path)
+        tmp = final.with_name(final.name + ".tmp")
+        if self.is_rank0:
+            atomic_dir(final)
+        self.barrier()
+        self.engine.save_checkpoint(str(tmp), tag="ds", save_latest=False)
+        (tmp / f"client_rank{self.rank}.pkl").write_bytes(pickle.dumps(client_state))
+        self.barrier()
+        if self.is_rank0:
+            commit_dir(tmp, final)
+        self.barrier()
+
+    def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
+        path = Path(path)
+        self.engine.load_checkpoint(str(path), tag="ds", load_optimizer_states=True, load_lr_scheduler_states=True)
+        return pickle.loads((path / f"client_rank{self.rank}.pkl").read_bytes())

@@ -1,0 +1,113 @@
+"""FSDP2: ``torch.distributed.fsdp.fully_shard`` per vision block, per decoder layer, then the root.
+
+Checkpoints use ``torch.distributed.checkpoint`` (each rank writes its shards; the optimizer state is
+saved in the same sharded form), so resume is exact. The full state for export is gathered with
+``StateDictOptions(full_state_dict=True, cpu_offload=True)``.
+"""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+
+from vlrft.strategies.base import Strategy, atomic_dir, commit_dir, make_optimizer, make_scheduler
+
+_BLOCK_CLASS_SUFFIXES = ("DecoderLayer", "VisionBlock")
+
+
+def _blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The transformer blocks to shard one by one (decoder layers and vision blocks)."""
+    return [m for m in model.modules() if type(m).__name__.endswith(_BLOCK_CLASS_SUFFIXES)]
+
+
+class FSDP2Strategy(Strategy):
+    @property
+    def shards_parameters(self) -> bool:
+        return self.distributed
+
+    def _shard(self, model: torch.nn.Module) -> torch.nn.Module:
+        device_type = "cuda" if torch.cuda.is_available() else "cpu"
+        mesh = init_device_mesh(device_type, (self.world_size,))
+        kwargs: dict[str, Any] = {"mesh": mesh}
+        if self.cfg.mixed_precision == "bf16":
+            kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        if self.cfg.cpu_offload:
+            kwargs["offload_policy"] = CPUOffloadPolicy()
+        for block in _blocks(model):
+            fully_shard(block, **kwargs)
+        fully_shard(model, **kwargs)
+        return model
+
+    def prepare(self, model: torch.nn.Module, total_steps: int = 1, trainable: bool = True):
+        model = self._adapt_model(model) if trainable else model
+        if not self.cfg.cpu_offload:
+            model = model.to(self.device)
+        model = self._shard(model)
+        if not trainable:
+            model.eval().requires_grad_(False)
+            return model, None, None
+        self.model = model
+        self.optimizer = make_optimizer(model.parameters(), self.optim_cfg)
+        self.scheduler = make_scheduler(self.optimizer, self.optim_cfg, total_steps)
+        return self.model, self.optimizer, self.scheduler
+
+    def backward(self, loss: torch.Tensor, last_micro_batch: bool = True) -> None:
+        loss.backward()
+
+    def step(self) -> float:
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        max_norm = self.cfg.grad_clip if self.cfg.grad_clip > 0 else float("inf")
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        if hasattr(norm, "full_tensor"):  # a DTensor: the norm over all shards
+            norm = norm.full_tensor()
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return float(norm)
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        model_state, _ = get_state_dict(self.model, [], options=opts)
+        return model_state
+
+    def save_checkpoint(self, path: str | Path, client_state: dict[str, Any]) -> None:
+        final = Path(path)
+        tmp = final.with_name(final.name + ".tmp")
+        if self.is_rank0:
+            atomic_dir(final)
+        self.barrier()
+        model_state, optim_state = get_state_dict(self.model, self.optimizer)
+        dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=str(tmp / "dcp"))
+        # client state (RNG, data position) differs per rank: one file each
+        (tmp / f"client_rank{self.rank}.pkl").write_bytes(
+            pickle.dumps({"client_state": client_state, "scheduler": self.scheduler.state_dict()})
+        )
+        self.barrier()
+        if self.is_rank0:
+            commit_dir(tmp, final)
+        self.barrier()
+
+    def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
+        path = Path(path)
+        model_state, optim_state = get_state_dict(self.model, self.optimizer)
+        state = {"model": model_state, "optimizer": optim_state}
+        dcp.load(state, checkpoint_id=str(path / "dcp"))
+        # strict=False: parameters that never received a gradient (e.g. the vision tower after text-only
+        # batches) legitimately have no optimizer state in either the checkpoint or the fresh optimizer.
+        set_state_dict(
+            self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"],
+            options=StateDictOptions(strict=False),
+        )  # fmt: skip
+        extra = pickle.loads((path / f"client_rank{self.rank}.pkl").read_bytes())
+        self.scheduler.load_state_dict(extra["scheduler"])
+        if dist.is_initialized():
+            dist.barrier()
+        return extra["client_state"]
