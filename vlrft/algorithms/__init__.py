@@ -1,0 +1,30 @@
+"""RL algorithms as pure tensor functions: log-probs/entropy, advantages, policy losses, KL, aggregation,
+reward shaping, dynamic sampling. No model, no config object, no distributed state (except the
+``global_token_count`` / ``global_sequence_count`` collectives). See docs/algorithms.md."""
+
+from vlrft.algorithms.advantages import ADVANTAGE_ESTIMATORS, compute_advantages, discounted_returns
+from vlrft.algorithms.aggregation import LOSS_AGG_MODES, aggregate_loss, global_sequence_count, global_token_count
+from vlrft.algorithms.dynamic_sampling import (
+    DynamicSamplingExhausted,
+    filter_zero_variance_groups,
+    more_prompts_needed,
+)
+from vlrft.algorithms.kl import (
+    KL_ESTIMATORS,
+    AdaptiveKLController,
+    FixedKLController,
+    apply_kl_penalty,
+    kl_penalty,
+)
+from vlrft.algorithms.logprobs import entropy_from_logits, high_entropy_mask, logprobs_from_logits
+from vlrft.algorithms.policy_losses import POLICY_LOSSES, compute_policy_loss, truncated_is_weights, value_loss
+from vlrft.algorithms.shaping import RunningRewardNormalizer, clip_rewards, combine_rewards, overlong_penalty
+
+__all__ = [
+    "ADVANTAGE_ESTIMATORS", "KL_ESTIMATORS", "LOSS_AGG_MODES", "POLICY_LOSSES",
+    "AdaptiveKLController", "DynamicSamplingExhausted", "FixedKLController", "RunningRewardNormalizer",
+    "aggregate_loss", "apply_kl_penalty", "clip_rewards", "combine_rewards", "compute_advantages",
+    "compute_policy_loss", "discounted_returns", "entropy_from_logits", "filter_zero_variance_groups",
+    "global_sequence_count", "global_token_count", "high_entropy_mask", "kl_penalty", "logprobs_from_logits",
+    "more_prompts_needed", "overlong_penalty", "truncated_is_weights", "value_loss",
+]

@@ -1,0 +1,266 @@
+"""Advantage estimators, selected by name (``algorithm.advantage_estimator``).
+
+``compute_advantages(name, rewards, response_mask, group_ids=..., ...) -> (advantages[N, T], returns[N, T])``.
+``rewards`` is either one scalar per sample (``[N]``, outcome reward) or token-level (``[N, T]``, e.g. the
+output of :func:`vlrft.algorithms.kl.apply_kl_penalty`); group estimators use the per-sample sum of
+token-level rewards. Advantages and returns are 0 outside ``response_mask``.
+
+``std_normalization`` (``algorithm.std_normalization``): ``None`` picks the estimator's own default;
+``"group"`` divides by the std of the sample's group, ``"batch"`` by the std of the whole batch,
+``"none"`` does not divide (Dr.GRPO). Which values an estimator accepts is in ``STD_NORMALIZATION``.
+Stds are Bessel-corrected. A group whose rewards are all equal gets advantage exactly 0 (never NaN);
+an estimator that needs a group baseline refuses a group of one sample with a ValueError.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+from vlrft.algorithms.masked import masked_whiten
+
+Tensor = torch.Tensor
+
+# estimator -> (accepted std_normalization values, default)
+STD_NORMALIZATION: dict[str, tuple[tuple[str, ...], str]] = {
+    "grpo": (("group", "batch", "none"), "group"),
+    "rloo": (("group", "batch", "none"), "none"),
+    "cpgd": (("group", "batch", "none"), "group"),
+    "reinforce_plus_plus": (("batch",), "batch"),
+    "reinforce_plus_plus_baseline": (("batch",), "batch"),
+    "gae": (("batch", "none"), "batch"),
+}
+
+
+def scatter_last_token(values: Tensor, mask: Tensor) -> Tensor:
+    """``[N] -> [N, T]``: ``values[i]`` on the last true position of ``mask[i]``, 0 elsewhere (and 0 for an
+    all-false row)."""
+    m = mask.bool()
+    length = m.shape[-1]
+    last = length - 1 - m.flip(-1).int().argmax(-1)
+    out = torch.zeros(m.shape, dtype=values.dtype, device=values.device)
+    has = m.any(-1)
+    out[has.nonzero(as_tuple=True)[0], last[has]] = values[has]
+    return out
+
+
+def discounted_returns(token_rewards: Tensor, mask: Tensor, gamma: float = 1.0) -> Tensor:
+    """Reward-to-go ``G_t = sum_{k >= t, valid} gamma^(#valid steps from t to k) r_k`` over the valid tokens
+    (REINFORCE, Williams 1992; REINFORCE++ arXiv 2501.03262 eq. 2). Invalid positions are skipped and get 0."""
+    m = mask.bool()
+    r = torch.where(m, token_rewards, torch.zeros_like(token_rewards))
+    if gamma == 1.0:
+        return torch.where(m, r.flip(-1).cumsum(-1).flip(-1), torch.zeros_like(r))
+    out = torch.zeros_like(r)
+    running = torch.zeros_like(r[:, 0])
+    for t in reversed(range(r.shape[1])):
+        running = torch.where(m[:, t], r[:, t] + gamma * running, running)
+        out[:, t] = torch.where(m[:, t], running, torch.zeros_like(running))
+    return out
+
+
+class _Groups:
+    """Per-group statistics of per-sample scores ``s[N]``."""
+
+    def __init__(self, scores: Tensor, group_ids, estimator: str, min_size: int):
+        if group_ids is None:
+            raise ValueError(f"advantage estimator {estimator!r} needs group_ids (samples of one prompt share an id)")
+        ids = _as_id_tensor(group_ids, scores.device)
+        if ids.shape != scores.shape:
+            raise ValueError(f"group_ids has {ids.numel()} entries for {scores.numel()} samples")
+        _, inv, counts = torch.unique(ids, return_inverse=True, return_counts=True)
+        small = (counts < min_size).nonzero(as_tuple=True)[0]
+        if small.numel():
+            bad = ids[(inv == small[0]).nonzero()[0, 0]].item()
+            raise ValueError(
+                f"advantage estimator {estimator!r} needs at least {min_size} samples per prompt group, but group "
+                f"{bad!r} has {int(counts[small[0]])}; set rollout.n_samples_per_prompt >= {min_size} "
+                "(or use reinforce_plus_plus, which needs no group)"
+            )
+        g = counts.numel()
+        c = counts.to(scores.dtype)
+        self.inv, self.count = inv, c[inv]
+        mean = torch.zeros(g, dtype=scores.dtype, device=scores.device).index_add_(0, inv, scores) / c
+        self.mean = mean[inv]
+        var = torch.zeros_like(mean).index_add_(0, inv, (scores - self.mean) ** 2) / (c - 1).clamp(min=1)
+        self.std = var.sqrt()[inv]
+        gmax = torch.full_like(mean, -torch.inf).scatter_reduce(0, inv, scores, "amax")
+        gmin = torch.full_like(mean, torch.inf).scatter_reduce(0, inv, scores, "amin")
+        self.all_equal = (gmax == gmin)[inv]
+
+
+def _as_id_tensor(group_ids, device) -> Tensor:
+    if isinstance(group_ids, Tensor):
+        return group_ids.to(device)
+    try:
+        return torch.as_tensor(group_ids, device=device)
+    except (TypeError, ValueError):  # e.g. string uids: map to ints in order of appearance
+        index: dict = {}
+        return torch.tensor([index.setdefault(u, len(index)) for u in group_ids], device=device)
+
+
+def _scores(rewards: Tensor, mask: Tensor) -> Tensor:
+    return rewards if rewards.dim() == 1 else torch.where(mask.bool(), rewards, torch.zeros_like(rewards)).sum(-1)
+
+
+def _token_rewards(rewards: Tensor, mask: Tensor) -> Tensor:
+    return scatter_last_token(rewards, mask) if rewards.dim() == 1 else rewards
+
+
+def _broadcast(per_sample: Tensor, mask: Tensor) -> Tensor:
+    return torch.where(mask.bool(), per_sample[:, None].expand(mask.shape), torch.zeros((), dtype=per_sample.dtype))
+
+
+def _normalise(centred: Tensor, scores: Tensor, groups: _Groups, mode: str, eps: float) -> Tensor:
+    if mode == "group":
+        return centred / (groups.std + eps)
+    if mode == "batch":
+        return centred / (scores.std() + eps) if scores.numel() > 1 else centred
+    return centred
+
+
+def grpo_advantages(rewards, response_mask, *, group_ids, std_normalization="group", eps=1e-6, **_) -> tuple[Tensor, Tensor]:
+    """GRPO outcome advantage (DeepSeekMath, arXiv 2402.03300, Sec. 4.1.2):
+    ``A_i = (r_i - mean(r_group)) / (std(r_group) + eps)`` on every token of sample ``i``.
+    ``std_normalization="none"`` is Dr.GRPO (arXiv 2503.20783, eq. 3: no std division); ``"batch"`` divides
+    by the batch std instead (group mean, batch std). Returns = the sample's reward on its tokens."""
+    s = _scores(rewards, response_mask)
+    groups = _Groups(s, group_ids, "grpo", min_size=2)
+    centred = torch.where(groups.all_equal, torch.zeros_like(s), s - groups.mean)
+    adv = _normalise(centred, s, groups, std_normalization, eps)
+    return _broadcast(adv, response_mask), _broadcast(s, response_mask)
+
+
+def rloo_advantages(rewards, response_mask, *, group_ids, std_normalization="none", eps=1e-6, **_) -> tuple[Tensor, Tensor]:
+    """RLOO (Ahmadian et al. 2024, arXiv 2402.14740, eq. 6; Kool et al. 2019): leave-one-out baseline
+    ``A_i = r_i - (1/(k-1)) sum_{j != i} r_j = k/(k-1) (r_i - mean(r_group))``; not std-normalised unless asked."""
+    s = _scores(rewards, response_mask)
+    groups = _Groups(s, group_ids, "rloo", min_size=2)
+    centred = torch.where(groups.all_equal, torch.zeros_like(s), (s - groups.mean) * groups.count / (groups.count - 1))
+    adv = _normalise(centred, s, groups, std_normalization, eps)
+    return _broadcast(adv, response_mask), _broadcast(s, response_mask)
+
+
+def cpgd_advantages(rewards, response_mask, *, group_ids, std_normalization="group", eps=1e-6, **_) -> tuple[Tensor, Tensor]:
+    """CPGD advantage (Liu et al. 2025, arXiv 2505.12504, Sec. 4, "weighted advantage"):
+    ``A_i = w(x) (r_i - mean(r_group))`` with the per-prompt weight ``w(x) = 1/(std(r_group) + eps)``
+    (``"group"``, default), ``1/(batch std + eps)`` (``"batch"``) or 1 (``"none"``). Numerically the group-
+    normalised GRPO advantage; kept as its own name so the CPGD recipe is spelled as the paper does."""
+    s = _scores(rewards, response_mask)
+    groups = _Groups(s, group_ids, "cpgd", min_size=2)
+    centred = torch.where(groups.all_equal, torch.zeros_like(s), s - groups.mean)
+    adv = _normalise(centred, s, groups, std_normalization, eps)
+    return _broadcast(adv, response_mask), _broadcast(s, response_mask)
+
+
+def reinforce_plus_plus_advantages(rewards, response_mask, *, gamma=1.0, eps=1e-6, **_) -> tuple[Tensor, Tensor]:
+    """REINFORCE++ (Hu 2025, arXiv 2501.03262, eqs. 1-3): token reward (outcome reward on the last token,
+    minus a KL penalty if given token-level), discounted return ``G_t``, then global batch whitening
+    ``A_t = (G_t - mean_batch G) / (std_batch G + eps)`` over all valid tokens. Needs no groups."""
+    m = response_mask.bool()
+    returns = discounted_returns(_token_rewards(rewards, m), m, gamma)
+    return masked_whiten(returns, m, eps), returns
+
+
+def reinforce_plus_plus_baseline_advantages(
+    rewards, response_mask, *, group_ids, gamma=1.0, eps=1e-6, **_
+) -> tuple[Tensor, Tensor]:
+    """REINFORCE++-baseline (arXiv 2501.03262, v3+ Sec. 3, "REINFORCE++ w/ baseline"): subtract the
+    prompt group's mean reward from each sample's reward, then as REINFORCE++: return, global whitening."""
+    m = response_mask.bool()
+    s = _scores(rewards, m)
+    groups = _Groups(s, group_ids, "reinforce_plus_plus_baseline", min_size=2)
+    centred = torch.where(groups.all_equal, torch.zeros_like(s), s - groups.mean)
+    if rewards.dim() == 1:
+        token_rewards = scatter_last_token(centred, m)
+    else:  # keep the token-level shape (e.g. KL penalties), shift the last token by the baseline
+        token_rewards = torch.where(m, rewards, torch.zeros_like(rewards)) + scatter_last_token(centred - s, m)
+    returns = discounted_returns(token_rewards, m, gamma)
+    return masked_whiten(returns, m, eps), returns
+
+
+def gae_advantages(
+    rewards, response_mask, *, values=None, gamma=1.0, lam=1.0, std_normalization="batch", eps=1e-6, **_
+) -> tuple[Tensor, Tensor]:
+    """GAE (Schulman et al. 2016, arXiv 1506.02438, eqs. 11-16) for PPO with a critic:
+    ``delta_t = r_t + gamma V_{t+1} - V_t``, ``A_t = delta_t + gamma lam A_{t+1}``, ``V`` after the last valid
+    token is 0 (the episode ends). Invalid positions (padding, tool output) are skipped: the next valid
+    token is the next step. ``returns = A + V`` (before whitening); ``"batch"`` whitens the advantages."""
+    if values is None:
+        raise ValueError("advantage estimator 'gae' needs values (critic predictions [N, T]); pass values=")
+    if values.shape != response_mask.shape:
+        raise ValueError(f"gae: values shape {tuple(values.shape)} != response_mask shape {tuple(response_mask.shape)}")
+    m = response_mask.bool()
+    r = _token_rewards(rewards, m)
+    values = values.detach().to(r.dtype)
+    adv = torch.zeros_like(r)
+    next_value = torch.zeros_like(r[:, 0])
+    next_adv = torch.zeros_like(r[:, 0])
+    for t in reversed(range(r.shape[1])):
+        delta = r[:, t] + gamma * next_value - values[:, t]
+        a = delta + gamma * lam * next_adv
+        valid = m[:, t]
+        adv[:, t] = torch.where(valid, a, torch.zeros_like(a))
+        next_value = torch.where(valid, values[:, t], next_value)
+        next_adv = torch.where(valid, a, next_adv)
+    returns = torch.where(m, adv + values, torch.zeros_like(adv))
+    if std_normalization == "batch":
+        adv = masked_whiten(adv, m, eps)
+    return adv, returns
+
+
+ADVANTAGE_ESTIMATORS: dict[str, Callable[..., tuple[Tensor, Tensor]]] = {
+    "grpo": grpo_advantages,
+    "rloo": rloo_advantages,
+    "reinforce_plus_plus": reinforce_plus_plus_advantages,
+    "reinforce_plus_plus_baseline": reinforce_plus_plus_baseline_advantages,
+    "gae": gae_advantages,
+    "cpgd": cpgd_advantages,
+}
+
+
+def compute_advantages(
+    name: str,
+    rewards: Tensor,
+    response_mask: Tensor,
+    *,
+    group_ids: Tensor | Sequence | None = None,
+    values: Tensor | None = None,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+    std_normalization: str | None = None,
+    eps: float = 1e-6,
+) -> tuple[Tensor, Tensor]:
+    """Advantages and returns ``[N, T]`` with the estimator ``name`` (see ``ADVANTAGE_ESTIMATORS``).
+
+    Computed without gradient; float64 inputs stay float64, anything else is computed in float32.
+    Raises ValueError for an unknown name, shapes that do not fit, non-finite rewards (naming the
+    sample), a missing ``group_ids``/``values`` or a too-small group.
+    """
+    if name not in ADVANTAGE_ESTIMATORS:
+        raise ValueError(f"unknown advantage_estimator {name!r}; choose one of {', '.join(ADVANTAGE_ESTIMATORS)}")
+    accepted, default = STD_NORMALIZATION[name]
+    norm = default if std_normalization is None else std_normalization
+    if norm not in accepted:
+        raise ValueError(
+            f"std_normalization={norm!r} does not apply to advantage estimator {name!r} "
+            f"(accepted: {', '.join(accepted)}; null picks its default {default!r})"
+        )
+    if response_mask.dim() != 2 or rewards.dim() not in (1, 2) or rewards.shape[0] != response_mask.shape[0]:
+        raise ValueError(
+            f"compute_advantages: need rewards [N] or [N, T] and response_mask [N, T]; got rewards "
+            f"{tuple(rewards.shape)}, response_mask {tuple(response_mask.shape)}"
+        )
+    if rewards.dim() == 2 and rewards.shape != response_mask.shape:
+        raise ValueError(f"token-level rewards {tuple(rewards.shape)} != response_mask {tuple(response_mask.shape)}")
+    dtype = torch.float64 if rewards.dtype == torch.float64 else torch.float32
+    rewards = rewards.detach().to(dtype)
+    bad = (~torch.isfinite(rewards)).nonzero()
+    if bad.numel():
+        raise ValueError(f"compute_advantages: reward of sample {bad[0, 0].item()} is not finite ({rewards[tuple(bad[0])].item()})")
+    with torch.no_grad():
+        return ADVANTAGE_ESTIMATORS[name](
+            rewards, response_mask.bool(), group_ids=group_ids, values=values, gamma=gamma, lam=lam,
+            std_normalization=norm, eps=eps,
+        )
