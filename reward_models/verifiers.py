@@ -1,0 +1,259 @@
+"""Rule verifiers: deterministic rewards from a response and a reference answer, registered by name.
+
+``get_verifier(name)(response, answer, **metadata) -> VerifierResult`` with ``score`` (the reward),
+``extracted`` (the answer read from the response, or None), ``correct`` and ``format_ok``, plus
+``error`` (why a response was failed without being judged: ``"too_long"``, ``"timeout"``, ...; None
+otherwise). The exact definitions are in docs/reward-models.md ("Rule verifiers").
+
+Time limits: a response longer than ``max_response_chars`` fails at once; every other step is a linear
+scan of the text, except math-verify's equivalence check, which runs in a worker process that is killed
+after ``timeout_s`` (reward_models/math_worker.py). Model text is never evaluated as code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from reward_models.math_answers import (
+    after_last_hashes,
+    choice_letter,
+    last_boxed,
+    last_number,
+    normalize_latex,
+    normalize_text,
+    number_key,
+    parse_number,
+)
+
+MAX_RESPONSE_CHARS = 400_000
+MAX_ANSWER_CHARS = 1_000  # extracted answers longer than this are not parsed (math_boxed)
+DEFAULT_TIMEOUT_S = 5.0
+
+
+@dataclass
+class VerifierResult:
+    score: float  # the reward this verifier gives
+    extracted: str | None  # the answer read from the response (None: no answer found)
+    correct: bool
+    format_ok: bool  # the response used the expected answer format
+    error: str | None = None  # why the response was failed unjudged ("too_long", "timeout", ...)
+
+
+class Verifier:
+    """Base class: ``__call__`` applies the response length cap, then :meth:`check`."""
+
+    name = "verifier"
+
+    def __init__(self, timeout_s: float = DEFAULT_TIMEOUT_S, max_response_chars: int = MAX_RESPONSE_CHARS):
+        self.timeout_s = timeout_s
+        self.max_response_chars = max_response_chars
+
+    def __call__(self, response: str, answer: str | None = None, **metadata) -> VerifierResult:
+        if not isinstance(response, str):
+            raise TypeError(f"verifier {self.name!r}: response must be a str, got {type(response).__name__}")
+        if len(response) > self.max_response_chars:
+            return VerifierResult(0.0, None, False, False, error="too_long")
+        return self.check(response, answer, **metadata)
+
+    def check(self, response: str, answer: str | None, **metadata) -> VerifierResult:
+        raise NotImplementedError
+
+    def vote_key(self, extracted: str | None) -> str | None:
+        """The key under which an extracted answer votes in maj@k (equal keys, same answer)."""
+        return None if extracted is None else normalize_text(extracted)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r}, timeout_s={self.timeout_s})"
+
+
+def _need_answer(name: str, answer: str | None) -> str:
+    if answer is None:
+        raise ValueError(f"verifier {name!r} needs a reference answer (the record's 'answer' field is empty)")
+    return answer
+
+
+class GSM8KVerifier(Verifier):
+    """The number after the last ``####``, else the last ``\\boxed{}``; flexible mode falls back to the
+    last number in the response. Commas, ``$`` and a trailing ``%``/``.`` removed; exact numeric equality.
+    A reference answer may be a number or a full GSM8K solution ending in ``#### N``."""
+
+    name = "gsm8k"
+
+    def __init__(self, flexible: bool = False, **kw):
+        super().__init__(**kw)
+        self.flexible = flexible
+        if flexible:
+            self.name = "gsm8k_flexible"
+
+    @staticmethod
+    def extract(text: str, flexible: bool) -> tuple[str | None, bool]:
+        found = after_last_hashes(text)
+        if found is None:
+            found = last_boxed(text)
+        if found is not None:
+            return found, True
+        return (last_number(text) if flexible else None), False
+
+    def check(self, response, answer, **metadata):
+        gold_text = _need_answer(self.name, answer)
+        gold = parse_number(after_last_hashes(gold_text) or gold_text)
+        if gold is None:
+            raise ValueError(f"verifier {self.name!r}: reference answer {gold_text[-80:]!r} is not a number")
+        extracted, format_ok = self.extract(response, self.flexible)
+        value = parse_number(extracted)
+        correct = value is not None and value == gold
+        return VerifierResult(float(correct), extracted, correct, format_ok)
+
+    def vote_key(self, extracted):
+        return number_key(extracted) if extracted is not None else None
+
+
+class MathBoxedVerifier(Verifier):
+    """The last ``\\boxed{}`` (braces matched) checked for equivalence with the reference by math-verify
+    (LaTeX parsing only, in a worker process killed after ``timeout_s``); plain numbers are compared
+    exactly without math-verify. Extracted answers over ``max_answer_chars`` are failed unparsed."""
+
+    name = "math_boxed"
+
+    def __init__(self, max_answer_chars: int = MAX_ANSWER_CHARS, **kw):
+        super().__init__(**kw)
+        self.max_answer_chars = max_answer_chars
+
+    def check(self, response, answer, **metadata):
+        gold = _need_answer(self.name, answer).strip()
+        boxed = last_boxed(gold)  # a reference may itself be a boxed solution
+        gold = boxed if boxed is not None else gold
+        extracted = last_boxed(response)
+        if extracted is None:
+            return VerifierResult(0.0, None, False, False)
+        if len(extracted) > self.max_answer_chars:
+            return VerifierResult(0.0, extracted, False, True, error="too_long")
+        if normalize_latex(extracted) == normalize_latex(gold):
+            return VerifierResult(1.0, extracted, True, True)
+        a, b = parse_number(gold), parse_number(extracted)
+        if a is not None and a == b:  # unequal numbers still go to math-verify (50\% vs 0.5)
+            return VerifierResult(1.0, extracted, True, True)
+        from reward_models.math_worker import math_equivalent
+
+        equal = math_equivalent(gold, extracted, self.timeout_s)
+        if equal is None:
+            return VerifierResult(0.0, extracted, False, True, error="timeout")
+        return VerifierResult(float(equal), extracted, equal, True)
+
+    def vote_key(self, extracted):
+        if extracted is None:
+            return None
+        return number_key(extracted) or normalize_latex(extracted)
+
+
+class MultipleChoiceVerifier(Verifier):
+    """A choice letter (default A-D; ``metadata['choices']`` sets how many): the last ``\\boxed{}`` (a
+    letter, or a choice's text), else the last "answer is X" / "(X)". The reference is a letter, or a
+    choice's text when ``choices`` are given."""
+
+    name = "multiple_choice"
+
+    def check(self, response, answer, **metadata):
+        gold = _need_answer(self.name, answer).strip()
+        choices = metadata.get("choices")
+        letters = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"[: len(choices)] if choices else "ABCD"
+        gold_letter = choice_letter(gold, letters, choices) if len(gold) > 1 else gold.upper()
+        if gold_letter not in letters and choices:
+            keys = [normalize_latex(c) for c in choices]
+            gold_letter = letters[keys.index(normalize_latex(gold))] if normalize_latex(gold) in keys else None
+        if gold_letter is None or gold_letter not in letters:
+            raise ValueError(f"verifier {self.name!r}: reference answer {gold!r} is not one of the letters {letters}")
+        extracted = choice_letter(response, letters, choices)
+        correct = extracted == gold_letter
+        return VerifierResult(float(correct), extracted, correct, last_boxed(response) is not None)
+
+
+class FormatVerifier(Verifier):
+    """1.0 when the response is ``<think>reasoning</think>`` followed by an answer containing a
+    ``\\boxed{}`` (one think block, at the start, non-empty reasoning), else 0.0. Needs no answer."""
+
+    name = "format"
+
+    def check(self, response, answer, **metadata):
+        text = response.strip()
+        ok = text.startswith("<think>") and text.count("<think>") == 1 and text.count("</think>") == 1
+        boxed = None
+        if ok:
+            reasoning, after = text[len("<think>") :].split("</think>", 1)
+            boxed = last_boxed(after)
+            ok = bool(reasoning.strip()) and boxed is not None
+        return VerifierResult(float(ok), boxed, ok, ok)
+
+
+class LengthPenaltyVerifier(Verifier):
+    """DAPO's soft overlong punishment (Yu et al. 2025, arXiv 2503.14476, eq. 13): with L = length,
+    L_max = ``max_length``, L_cache = ``cache_length``: 0 if L <= L_max - L_cache;
+    ((L_max - L_cache) - L) / L_cache if L_max - L_cache < L <= L_max; -1 if L > L_max.
+    L is ``metadata['response_length']`` (tokens, as the trainer passes it) when given, else characters."""
+
+    name = "length_penalty"
+
+    def __init__(self, max_length: int = 4096, cache_length: int = 1024, **kw):
+        super().__init__(**kw)
+        if not 0 < cache_length <= max_length:
+            raise ValueError(f"length_penalty: need 0 < cache_length <= max_length, got {cache_length}, {max_length}")
+        self.max_length, self.cache_length = max_length, cache_length
+
+    def __call__(self, response, answer=None, **metadata):
+        return self.check(response, answer, **metadata)  # no length cap: long responses are its input
+
+    def check(self, response, answer, **metadata):
+        length = metadata.get("response_length")
+        length = len(response) if length is None else int(length)
+        start = self.max_length - self.cache_length
+        if length <= start:
+            score = 0.0
+        elif length <= self.max_length:
+            score = (start - length) / self.cache_length
+        else:
+            score = -1.0
+        return VerifierResult(score, None, score == 0.0, True)
+
+
+class ExactMatchVerifier(Verifier):
+    """Normalised string equality (lower case, punctuation and extra whitespace removed) between the
+    reference and the last ``\\boxed{}``, else the text after ``</think>``, else the whole response."""
+
+    name = "exact_match"
+
+    def check(self, response, answer, **metadata):
+        gold = normalize_text(_need_answer(self.name, answer))
+        boxed = last_boxed(response)
+        format_ok = boxed is not None
+        if boxed is None:
+            boxed = response.rsplit("</think>", 1)[-1]
+        extracted = boxed.strip()
+        correct = bool(gold) and normalize_text(extracted) == gold
+        return VerifierResult(float(correct), extracted or None, correct, format_ok)
+
+
+VERIFIERS: dict[str, Verifier] = {
+    v.name: v
+    for v in (
+        GSM8KVerifier(),
+        GSM8KVerifier(flexible=True),
+        MathBoxedVerifier(),
+        MultipleChoiceVerifier(),
+        FormatVerifier(),
+        LengthPenaltyVerifier(),
+        ExactMatchVerifier(),
+    )
+}
+
+
+def get_verifier(name: str, **options) -> Verifier:
+    """The registered verifier ``name``; with ``options``, a new one of its kind configured by them
+    (e.g. ``get_verifier("math_boxed", timeout_s=2)``, ``get_verifier("length_penalty", max_length=512)``)."""
+    if name not in VERIFIERS:
+        raise KeyError(f"unknown verifier {name!r}; known: {', '.join(sorted(VERIFIERS))}")
+    base = VERIFIERS[name]
+    if not options:
+        return base
+    if isinstance(base, GSM8KVerifier):
+        options.setdefault("flexible", base.flexible)
+    return type(base)(**options)
