@@ -316,3 +316,16 @@ def test_value_loss_hand_computed_and_gradcheck():
     v = torch.randn(2, 3, generator=g, dtype=F64, requires_grad=True)
     o, r = torch.randn(2, 3, generator=g, dtype=F64), torch.randn(2, 3, generator=g, dtype=F64)
     assert torch.autograd.gradcheck(lambda x: value_loss(x, o, r, torch.ones(2, 3, dtype=torch.bool), 0.3)[0], (v,))
+
+
+def test_docs_example_runs(tmp_path):
+    """The example at the top of docs/algorithms.md runs as written (our own documentation as a script)."""
+    import pathlib
+    import re
+    import runpy
+
+    text = (pathlib.Path(__file__).resolve().parents[1] / "docs" / "algorithms.md").read_text()
+    script = tmp_path / "algorithms_example.py"
+    script.write_text(re.search(r"```python\n(.*?)```", text, re.S).group(1))
+    namespace = runpy.run_path(str(script))
+    assert torch.isfinite(namespace["loss"]) and (namespace["adv"][4:] == 0).all()
