@@ -262,6 +262,29 @@ def test_fully_masked_rows_and_empty_batch_are_finite(name):
     assert metrics["clip_fraction"] == 0
 
 
+def test_zero_width_batch_runs_end_to_end():
+    """Every response of the batch has length 0 (T = 0): everything is empty or 0, nothing raises or NaNs."""
+    from vlrft.algorithms import ADVANTAGE_ESTIMATORS, LOSS_AGG_MODES, compute_advantages, entropy_from_logits
+    from vlrft.algorithms import high_entropy_mask, logprobs_from_logits
+
+    logits = torch.randn(2, 0, 5, requires_grad=True)
+    lp = logprobs_from_logits(logits, torch.zeros(2, 0, dtype=torch.long))
+    (lp.sum() + entropy_from_logits(logits).sum()).backward()
+    assert lp.shape == (2, 0) and logits.grad.shape == (2, 0, 5)
+    mask = torch.zeros(2, 0, dtype=torch.bool)
+    assert high_entropy_mask(torch.zeros(2, 0), mask, 0.2).shape == (2, 0)
+    for est in ADVANTAGE_ESTIMATORS:
+        adv, ret = compute_advantages(est, torch.tensor([1.0, 0.0]), mask, group_ids=[0, 0], values=torch.zeros(2, 0))
+        assert adv.shape == ret.shape == (2, 0)
+    for name in POLICY_LOSSES:
+        for mode in LOSS_AGG_MODES:
+            x = torch.zeros(2, 0, requires_grad=True)
+            loss, metrics = compute_policy_loss(name, x, x.detach(), x.detach(), mask, loss_agg_mode=mode)
+            loss.backward()
+            assert loss.item() == 0 and all(v == 0 for v in metrics.values())
+    assert value_loss(torch.zeros(2, 0), torch.zeros(2, 0), torch.zeros(2, 0), mask)[0].item() == 0
+
+
 def test_zero_advantages_give_zero_policy_gradient():
     logp = torch.randn(2, 3, dtype=F64, requires_grad=True)
     for name in ("ppo", "gspo", "gmpo"):

@@ -38,6 +38,8 @@ def scatter_last_token(values: Tensor, mask: Tensor) -> Tensor:
     all-false row)."""
     m = mask.bool()
     length = m.shape[-1]
+    if length == 0:
+        return torch.zeros(m.shape, dtype=values.dtype, device=values.device)
     last = length - 1 - m.flip(-1).int().argmax(-1)
     out = torch.zeros(m.shape, dtype=values.dtype, device=values.device)
     has = m.any(-1)
@@ -53,7 +55,7 @@ def discounted_returns(token_rewards: Tensor, mask: Tensor, gamma: float = 1.0) 
     if gamma == 1.0:
         return torch.where(m, r.flip(-1).cumsum(-1).flip(-1), torch.zeros_like(r))
     out = torch.zeros_like(r)
-    running = torch.zeros_like(r[:, 0])
+    running = torch.zeros(r.shape[0], dtype=r.dtype, device=r.device)
     for t in reversed(range(r.shape[1])):
         running = torch.where(m[:, t], r[:, t] + gamma * running, running)
         out[:, t] = torch.where(m[:, t], running, torch.zeros_like(running))
@@ -195,8 +197,8 @@ def gae_advantages(
     r = _token_rewards(rewards, m)
     values = values.detach().to(r.dtype)
     adv = torch.zeros_like(r)
-    next_value = torch.zeros_like(r[:, 0])
-    next_adv = torch.zeros_like(r[:, 0])
+    next_value = torch.zeros(r.shape[0], dtype=r.dtype, device=r.device)
+    next_adv = torch.zeros_like(next_value)
     for t in reversed(range(r.shape[1])):
         delta = r[:, t] + gamma * next_value - values[:, t]
         a = delta + gamma * lam * next_adv

@@ -66,7 +66,7 @@ def aggregate_loss(
     elif mode == "seq-mean-token-sum":
         per_seq = seq_sum
     else:
-        length = loss_mat.shape[-1] if max_response_length is None else max_response_length
+        length = max(loss_mat.shape[-1], 1) if max_response_length is None else max_response_length
         if length <= 0:
             raise ValueError(f"seq-mean-token-sum-norm needs max_response_length > 0, got {length}")
         per_seq = seq_sum / length

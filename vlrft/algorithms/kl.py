@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import torch
 
+from vlrft.algorithms.advantages import scatter_last_token
+
 Tensor = torch.Tensor
 
 KL_ESTIMATORS = ("k1", "k2", "k3")
@@ -55,8 +57,6 @@ def apply_kl_penalty(rewards: Tensor, kl: Tensor, response_mask: Tensor, kl_coef
             f"apply_kl_penalty: need rewards[N], kl[N, T], response_mask[N, T]; got {tuple(rewards.shape)}, "
             f"{tuple(kl.shape)}, {tuple(response_mask.shape)}"
         )
-    from vlrft.algorithms.advantages import scatter_last_token
-
     m = response_mask.bool()
     penalty = torch.where(m, -kl_coef * kl.detach(), torch.zeros_like(kl))
     return penalty + scatter_last_token(rewards.to(kl.dtype), m)
