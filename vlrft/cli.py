@@ -13,6 +13,9 @@ import sys
 
 COMMANDS = [
     "vlrft.commands.make_tiny_model",
+    "vlrft.commands.train_policy",
+    "vlrft.commands.eval",
+    "vlrft.commands.prepare_data",
 ]
 
 

@@ -1,0 +1,82 @@
+"""Chat formatting: records as Qwen-VL chat messages, with optional system prompt and prompt template.
+
+``build_messages(record)`` returns ``[{"role": "system", ...}?, {"role": "user", "content": [...]}]``
+where the user content lists ``{"type": "image", "image": PIL.Image}`` and ``{"type": "text", "text": ...}``
+items in the order of the record's ``<image>`` placeholders (images first when it has none). The list
+goes straight into ``processor.apply_chat_template`` (or a text-only tokenizer's, which renders the
+same list form). A prompt template is a format string with ``{prompt}`` or a name in
+``PROMPT_TEMPLATES``; it wraps the prompt text, placeholders included, before the split.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from PIL import Image
+
+from data_pipelines.images import load_image
+from data_pipelines.records import IMAGE_PLACEHOLDER
+
+# Instruction suffixes as the peers use them (EasyR1's math template, verl's GSM8K instruction).
+PROMPT_TEMPLATES: dict[str, str] = {
+    "plain": "{prompt}",
+    "math_boxed": (
+        "{prompt} You FIRST think about the reasoning process as an internal monologue and then provide the "
+        "final answer. The reasoning process MUST BE enclosed within <think> </think> tags. The final answer "
+        "MUST BE put in \\boxed{{}}."
+    ),
+    "gsm8k": '{prompt} Let\'s think step by step and output the final answer after "####".',
+    "answer_tag": "{prompt} Put your final answer within <answer> </answer> tags.",
+}
+
+
+def resolve_template(prompt_template: str | None) -> str:
+    """The format string for a template name or a literal template (which must contain ``{prompt}``)."""
+    if prompt_template is None:
+        return "{prompt}"
+    if prompt_template in PROMPT_TEMPLATES:
+        return PROMPT_TEMPLATES[prompt_template]
+    if "{prompt}" not in prompt_template:
+        raise ValueError(f"prompt_template {prompt_template!r} is neither a name in PROMPT_TEMPLATES "
+                         f"({', '.join(PROMPT_TEMPLATES)}) nor a format string with {{prompt}}")  # fmt: skip
+    return prompt_template
+
+
+def apply_template(prompt: str, prompt_template: str | None) -> str:
+    return resolve_template(prompt_template).format(prompt=prompt)
+
+
+def user_content(text: str, images: list[Any], image_kwargs: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Content items for ``text`` with ``<image>`` placeholders (or images first when it has none)."""
+    pil = [im if isinstance(im, Image.Image) else load_image(im, **(image_kwargs or {})) for im in images]
+    pieces = text.split(IMAGE_PLACEHOLDER)
+    if len(pieces) == 1:  # no placeholders: images first, then the text
+        return [{"type": "image", "image": im} for im in pil] + [{"type": "text", "text": text}]
+    if len(pieces) - 1 != len(pil):
+        raise ValueError(f"prompt has {len(pieces) - 1} {IMAGE_PLACEHOLDER} placeholders but {len(pil)} images")
+    content: list[dict[str, Any]] = []
+    for i, piece in enumerate(pieces):
+        if i:
+            content.append({"type": "image", "image": pil[i - 1]})
+        if piece:
+            content.append({"type": "text", "text": piece})
+    return content
+
+
+def build_messages(record: Any, *, system_prompt: str | None = None, prompt_template: str | None = None,
+                   response: str | None = None, image_kwargs: dict[str, Any] | None = None) -> list[dict[str, Any]]:  # fmt: skip
+    """Qwen-VL chat messages for a prompt record, preference pair or judgment record.
+
+    The record's own ``system`` wins over ``system_prompt`` (a run-wide default). ``response`` appends an
+    assistant turn (e.g. a pair's ``chosen`` or a judgment's ``target``). Images that are not yet PIL
+    images are loaded with :func:`~data_pipelines.images.load_image` (``image_kwargs``).
+    """
+    messages: list[dict[str, Any]] = []
+    system = getattr(record, "system", None) or system_prompt
+    if system:
+        messages.append({"role": "system", "content": [{"type": "text", "text": system}]})
+    text = apply_template(record.prompt, prompt_template)
+    messages.append({"role": "user", "content": user_content(text, list(record.images), image_kwargs)})
+    if response is not None:
+        messages.append({"role": "assistant", "content": [{"type": "text", "text": response}]})
+    return messages

@@ -1,0 +1,317 @@
+"""``read_records``: prompt records, preference pairs or judgment records from any supported source.
+
+Sources: JSONL, JSON, Parquet, CSV, a folder of such files (hub layouts), a ``datasets`` folder saved
+with ``save_to_disk``, or a hub dataset id (through ``datasets.load_dataset``; used only when no such
+local path exists, and offline only cached datasets load). Bad records raise a
+:class:`~data_pipelines.errors.DataError` naming source, row, field and reason
+(``on_bad_record="error"``), or are skipped and counted per reason in a :class:`SkipReport`
+(``on_bad_record="skip"``), whose summary is logged at the end of the pass.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from PIL import Image
+
+from data_pipelines.errors import DataError
+from data_pipelines.images import DEFAULT_MAX_IMAGE_PIXELS, DEFAULT_MAX_PIXELS, DEFAULT_MIN_PIXELS, load_image
+from data_pipelines.records import IMAGE_PLACEHOLDER, JudgmentRecord, PreferencePair, PromptRecord
+from data_pipelines.sources import open_rows
+
+logger = logging.getLogger("data_pipelines")
+
+Record = PromptRecord | PreferencePair | JudgmentRecord
+RECORD_TYPES = {"prompt": PromptRecord, "preference": PreferencePair, "judgment": JudgmentRecord}
+# Required text fields per kind; each must be a non-empty string.
+REQUIRED = {"prompt": ("prompt",), "preference": ("prompt", "chosen", "rejected"), "judgment": ("prompt", "target")}
+# Column names read as a field when the field's own column is absent (an explicit column_map wins).
+ALIASES = {"problem": "prompt", "question": "prompt", "image": "images"}
+ON_BAD_RECORD = ("error", "skip")
+
+
+@dataclass
+class SkipReport:
+    """What one pass read, kept and skipped (per reason, with the first message of each reason)."""
+
+    source: str = ""
+    read: int = 0
+    kept: int = 0
+    counts: Counter = field(default_factory=Counter)
+    first: dict[str, str] = field(default_factory=dict)
+
+    def add(self, err: DataError) -> None:
+        self.counts[err.category] += 1
+        self.first.setdefault(err.category, str(err))
+
+    @property
+    def skipped(self) -> int:
+        return sum(self.counts.values())
+
+    def summary(self) -> str:
+        head = f"{self.source}: read {self.read} records, kept {self.kept}, skipped {self.skipped}"
+        lines = [head] + [f"  {n} x {cat} (first: {self.first[cat]})" for cat, n in self.counts.most_common()]
+        return "\n".join(lines)
+
+
+def read_records(
+    source: str | Path,
+    kind: str = "prompt",
+    *,
+    column_map: dict[str, str] | None = None,
+    split: str | None = None,
+    on_bad_record: str = "error",
+    image_root: str | Path | None = None,
+    load_images: bool = True,
+    min_pixels: int | None = DEFAULT_MIN_PIXELS,
+    max_pixels: int | None = DEFAULT_MAX_PIXELS,
+    max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
+    config_name: str | None = None,
+    limit: int | None = None,
+) -> tuple[list[Record], SkipReport]:
+    """Read ``kind`` records from ``source``; returns the records and the pass's :class:`SkipReport`.
+
+    ``column_map`` maps source columns to record fields (``{"problem": "prompt"}``); unmapped columns
+    that are not fields go to ``metadata``. Relative image paths start at ``image_root`` (default: the
+    source file's folder). With ``load_images`` each image becomes an RGB ``PIL.Image`` resized within
+    ``min_pixels``/``max_pixels`` (see :func:`~data_pipelines.images.load_image`); without it, images stay
+    as found. ``limit`` stops after that many records kept.
+    """
+    if kind not in RECORD_TYPES:
+        raise ValueError(f"kind must be one of {sorted(RECORD_TYPES)}, got {kind!r}")
+    if on_bad_record not in ON_BAD_RECORD:
+        raise ValueError(f"on_bad_record must be one of {ON_BAD_RECORD}, got {on_bad_record!r}")
+    rows, label, base_dir = open_rows(source, split=split, config_name=config_name)
+    image_kwargs = dict(min_pixels=min_pixels, max_pixels=max_pixels, max_image_pixels=max_image_pixels,
+                        base_dir=image_root if image_root is not None else base_dir)  # fmt: skip
+    stem = Path(str(source)).stem or "record"
+
+    def make(row: dict[str, Any], row_no: int, index: int) -> Record:
+        return record_from_row(row, kind, column_map=column_map, default_id=f"{stem}-{row_no}",
+                               image_kwargs=image_kwargs if load_images else None)  # fmt: skip
+
+    return collect(rows, label, make, on_bad_record=on_bad_record, limit=limit)
+
+
+def collect(rows: Any, label: str, make: Any, *, on_bad_record: str = "error",
+            limit: int | None = None) -> tuple[list[Any], SkipReport]:  # fmt: skip
+    """One pass over ``(row_no, dict | DataError)`` rows: ``make(row, row_no, index)`` each into a record.
+
+    A ``DataError`` (yielded or raised by ``make``) gets the row's location, then is raised or counted.
+    """
+    if on_bad_record not in ON_BAD_RECORD:
+        raise ValueError(f"on_bad_record must be one of {ON_BAD_RECORD}, got {on_bad_record!r}")
+    report = SkipReport(source=label)
+    records: list[Any] = []
+    for row_no, row in rows:
+        report.read += 1
+        try:
+            if isinstance(row, DataError):
+                raise row
+            records.append(make(row, row_no, report.read - 1))
+        except DataError as err:
+            err.located(source=label, row=row_no)
+            if on_bad_record == "error":
+                raise
+            report.add(err)
+        if limit is not None and len(records) >= limit:
+            break
+    report.kept = len(records)
+    (logger.warning if report.skipped else logger.info)("%s", report.summary())
+    return records, report
+
+
+def record_from_row(row: dict[str, Any], kind: str = "prompt", *, column_map: dict[str, str] | None = None,
+                    default_id: str = "record", image_kwargs: dict[str, Any] | None = None) -> Record:  # fmt: skip
+    """One record from one row's dict, checked; loads its images when ``image_kwargs`` is given."""
+    cls = RECORD_TYPES[kind]
+    known = set(cls.__dataclass_fields__)
+    column_map = column_map or {}
+    values: dict[str, Any] = {}
+    for col, value in row.items():
+        name = column_map.get(col, col)
+        if name in values:
+            raise DataError(f"two columns give field {name!r}", category="duplicate field", field=str(col))
+        values[name] = value
+    for alias, name in ALIASES.items():
+        if name not in values and alias in values and alias not in column_map:
+            values[name] = values.pop(alias)
+    if "prompt" not in values and "messages" in values:
+        values["prompt"], system = _from_messages(values.pop("messages"))
+        if system is not None and values.get("system") is None:
+            values["system"] = system
+
+    fields: dict[str, Any] = {}
+    for name in REQUIRED[kind]:
+        value = values.pop(name, None)
+        if value is None:
+            raise DataError("missing field", category="missing field", field=name)
+        if not isinstance(value, str):
+            raise DataError(f"wrong type: want text, got {type(value).__name__}", category="wrong type", field=name)
+        if not value.strip():
+            raise DataError(f"empty {name}", category=f"empty {name}", field=name)
+        fields[name] = value
+    fields["id"] = _text(values.pop("id", None), "id") or default_id
+    fields["images"] = _image_list(values.pop("images", None))
+    fields["task"] = _text(values.pop("task", None), "task") or "default"
+    fields["system"] = _text(values.pop("system", None), "system")
+    if kind == "prompt":
+        fields["answer"] = _text(values.pop("answer", None), "answer", numbers=True)
+    if kind == "preference":
+        fields["tie"] = _bool(values.pop("tie", None), "tie")
+        fields["margin"] = _float(values.pop("margin", None), "margin")
+    metadata = values.pop("metadata", None)
+    if isinstance(metadata, str):
+        try:
+            metadata = json.loads(metadata)
+        except json.JSONDecodeError:
+            pass
+    if metadata is not None and not isinstance(metadata, dict):
+        raise DataError(f"wrong type: want an object, got {type(metadata).__name__}", category="wrong type", field="metadata")
+    fields["metadata"] = {**{k: v for k, v in values.items() if k not in known and v is not None}, **(metadata or {})}
+
+    n_slots = fields["prompt"].count(IMAGE_PLACEHOLDER)
+    if n_slots and n_slots != len(fields["images"]):
+        raise DataError(f"prompt has {n_slots} {IMAGE_PLACEHOLDER} placeholders but the record has "
+                        f"{len(fields['images'])} images", category="placeholder mismatch", field="prompt")  # fmt: skip
+    if image_kwargs is not None:
+        loaded = []
+        for i, img in enumerate(fields["images"]):
+            try:
+                loaded.append(load_image(img, **image_kwargs))
+            except DataError as err:
+                raise err.located(field=f"images[{i}]")
+        fields["images"] = loaded
+    return cls(**fields)
+
+
+def _text(value: Any, name: str, *, numbers: bool = False) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    if numbers and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)
+    raise DataError(f"wrong type: want text, got {type(value).__name__}", category="wrong type", field=name)
+
+
+def _bool(value: Any, name: str) -> bool:
+    if value is None:
+        return False
+    if isinstance(value, bool) or value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in ("true", "false", "0", "1", "yes", "no"):
+        return value.strip().lower() in ("true", "1", "yes")
+    raise DataError(f"wrong type: want true/false, got {value!r}", category="wrong type", field=name)
+
+
+def _float(value: Any, name: str) -> float:
+    if value is None:
+        return 0.0
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        out = float(value)
+    except (TypeError, ValueError):
+        raise DataError(f"wrong type: want a number, got {value!r}", category="wrong type", field=name) from None
+    if out != out or out in (float("inf"), float("-inf")):
+        raise DataError(f"not a finite number: {value!r}", category="wrong type", field=name)
+    return out
+
+
+_IMAGE_TYPES = (str, Path, bytes, bytearray, dict, Image.Image)
+
+
+def _image_list(value: Any) -> list[Any]:
+    if value is None:
+        return []
+    if isinstance(value, str) and value.lstrip().startswith("["):  # CSV cells hold a JSON list
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise DataError(f"images cell is not a JSON list ({exc.msg})", category="wrong type", field="images") from None
+    items = list(value) if isinstance(value, (list, tuple)) else [value]
+    for i, item in enumerate(items):
+        if not isinstance(item, _IMAGE_TYPES):
+            raise DataError(f"wrong type for an image: {type(item).__name__}", category="wrong type", field=f"images[{i}]")
+    return items
+
+
+def _from_messages(messages: Any) -> tuple[str, str | None]:
+    """A chat ``messages`` list (optional system turn, one user turn) as prompt text with placeholders."""
+    if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+        raise DataError("wrong type: want a list of {role, content} messages", category="wrong type", field="messages")
+    system = None
+    if messages and messages[0].get("role") == "system":
+        system = _content_text(messages[0].get("content"))
+        messages = messages[1:]
+    if len(messages) != 1 or messages[0].get("role") != "user":
+        raise DataError("want one user message (after an optional system message)", category="wrong type", field="messages")
+    return _content_text(messages[0].get("content")), system
+
+
+def _content_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind == "image":
+                parts.append(IMAGE_PLACEHOLDER)
+            elif kind == "text" and isinstance(part.get("text"), str):
+                parts.append(part["text"])
+            else:
+                raise DataError(f"unknown content part {part!r:.80}", category="wrong type", field="messages")
+        return "".join(parts)
+    raise DataError(f"wrong type for content: {type(content).__name__}", category="wrong type", field="messages")
+
+
+def prompt_length(record: Record, processor_or_tokenizer: Any, *, system_prompt: str | None = None,
+                  prompt_template: str | None = None) -> int:  # fmt: skip
+    """Tokens of the record's chat-formatted prompt (generation prompt and image tokens included)."""
+    from data_pipelines.formatting import build_messages
+
+    proc = processor_or_tokenizer
+    messages = build_messages(record, system_prompt=system_prompt, prompt_template=prompt_template)
+    text = proc.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    images = [c["image"] for m in messages if isinstance(m["content"], list) for c in m["content"] if c["type"] == "image"]
+    if images:
+        if getattr(proc, "image_processor", None) is None:
+            raise ValueError("records with images need the model's processor (not its tokenizer) to count image tokens")
+        return len(proc(text=[text], images=images)["input_ids"][0])
+    tokenizer = getattr(proc, "tokenizer", proc)
+    return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def filter_by_prompt_length(records: list[Record], processor_or_tokenizer: Any, max_prompt_length: int,
+                            on_bad_record: str = "error", report: SkipReport | None = None, *,
+                            system_prompt: str | None = None, prompt_template: str | None = None) -> list[Record]:  # fmt: skip
+    """Records whose prompt fits in ``max_prompt_length`` tokens; longer ones raise or are counted as skips.
+
+    Prompts are never truncated (a cut could fall inside a run of image tokens).
+    """
+    if on_bad_record not in ON_BAD_RECORD:
+        raise ValueError(f"on_bad_record must be one of {ON_BAD_RECORD}, got {on_bad_record!r}")
+    report = report if report is not None else SkipReport(source="filter_by_prompt_length")
+    kept = []
+    for rec in records:
+        n = prompt_length(rec, processor_or_tokenizer, system_prompt=system_prompt, prompt_template=prompt_template)
+        if n <= max_prompt_length:
+            kept.append(rec)
+            continue
+        err = DataError(f"prompt has {n} tokens (image tokens included) > max_prompt_length {max_prompt_length}",
+                        category="prompt too long", source=f"record {rec.id!r}", field="prompt")  # fmt: skip
+        if on_bad_record == "error":
+            raise err
+        report.add(err)
+    if report.read == 0:  # a fresh report; one from read_records already counts these records
+        report.read, report.kept = len(records), len(kept)
+    else:
+        report.kept -= len(records) - len(kept)
+    if len(kept) < len(records):
+        logger.warning("%s", report.summary())
+    return kept

@@ -1,0 +1,246 @@
+"""Row sources: each file format (and ``datasets``) as an iterator of ``(row, dict | DataError)``.
+
+Rows are numbered as a person would look them up: the 1-based line for JSONL and CSV, the 0-based
+record index for JSON arrays, Parquet and ``datasets``. A row that cannot be parsed is yielded as a
+``DataError`` so that the reader can skip it; a source that cannot be opened at all raises.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from data_pipelines.errors import DataError
+
+Rows = Iterator[tuple[int, "dict[str, Any] | DataError"]]
+FILE_FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+
+
+def open_rows(source: str | Path, *, split: str | None = None, config_name: str | None = None) -> tuple[Rows, str, Path | None]:
+    """Rows of ``source``, its label for messages and the folder relative image paths start from."""
+    path = Path(source).expanduser()
+    if path.is_file():
+        return file_rows(path), str(path), path.parent
+    if path.is_dir():
+        if any((path / name).is_file() for name in ("dataset_info.json", "dataset_dict.json", "state.json")):
+            return _saved_dataset_rows(path, split), str(path), path
+        files = data_files(path, split)
+        if not files:
+            raise DataError(f"no data files ({', '.join(FILE_FORMATS)}) for split {split!r} in folder",
+                            category="missing file", source=path)  # fmt: skip
+        return _chain(files), str(path), path
+    if isinstance(source, str) and _HUB_ID.match(source) and Path(source).suffix.lower() not in FILE_FORMATS:
+        return _hub_rows(source, split, config_name), f"hub:{source}", None
+    raise DataError("file not found", category="missing file", source=path)
+
+
+def file_rows(path: Path) -> Rows:
+    fmt = FILE_FORMATS.get(path.suffix.lower())
+    if fmt is None:
+        raise DataError(f"unknown data format {path.suffix!r} (known: {', '.join(FILE_FORMATS)})",
+                        category="unknown format", source=path)  # fmt: skip
+    if fmt == "parquet":
+        return _parquet_rows(path)
+    data = path.read_bytes()
+    if fmt == "jsonl":
+        return _jsonl_rows(data)
+    text = _decode_utf8(data, path)
+    return _json_rows(text, data, path) if fmt == "json" else _csv_rows(text, path)
+
+
+def data_files(folder: Path, split: str | None) -> list[Path]:
+    """Data files under ``folder`` (hub layouts such as ``data/test-00000-of-00001.parquet``) for ``split``."""
+    pattern = re.compile(rf"^{re.escape(split)}([-_.]|$)") if split else None
+    found = [p for p in sorted(folder.rglob("*")) if p.is_file() and p.suffix.lower() in FILE_FORMATS
+             and not any(part.startswith(".") for part in p.relative_to(folder).parts)]  # fmt: skip
+    return [p for p in found if pattern is None or pattern.match(p.name)]
+
+
+def _chain(files: list[Path]) -> Rows:
+    for f in files:  # rows keep their number within each file; messages name the folder
+        yield from file_rows(f)
+
+
+def _decode_utf8(data: bytes, path: Path) -> str:
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise DataError(f"not valid UTF-8 (byte {data[exc.start:exc.start + 1]!r} at offset {exc.start})",
+                        category="non-UTF-8", source=path, row=line) from exc  # fmt: skip
+
+
+def _jsonl_rows(data: bytes) -> Rows:
+    if data.startswith(b"\xef\xbb\xbf"):
+        data = data[3:]
+    for number, line in enumerate(data.split(b"\n"), 1):
+        if not line.strip():
+            continue
+        try:
+            text = line.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            yield number, DataError(f"not valid UTF-8 (byte {line[exc.start:exc.start + 1]!r} at column {exc.start + 1})",
+                                    category="non-UTF-8")  # fmt: skip
+            continue
+        yield number, _parse_object(text)
+
+
+def _parse_object(text: str) -> dict[str, Any] | DataError:
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as exc:
+        return DataError(f"invalid JSON ({exc.msg} at column {exc.colno})", category="invalid JSON")
+    except RecursionError:
+        return DataError("invalid JSON (nested too deeply)", category="invalid JSON")
+    if not isinstance(obj, dict):
+        return DataError(f"expected a JSON object, got {type(obj).__name__}", category="wrong type")
+    return obj
+
+
+def _json_rows(text: str, data: bytes, path: Path) -> Rows:
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as exc:
+        if exc.msg == "Extra data":  # JSON Lines under a .json name
+            yield from _jsonl_rows(data)
+            return
+        raise DataError(f"invalid JSON ({exc.msg} at column {exc.colno})", category="invalid JSON",
+                        source=path, row=exc.lineno) from exc  # fmt: skip
+    except RecursionError as exc:
+        raise DataError("invalid JSON (nested too deeply)", category="invalid JSON", source=path) from exc
+    if isinstance(obj, dict):  # {"data": [...]} and the like: the one list of records inside
+        lists = [v for v in obj.values() if isinstance(v, list)]
+        if len(lists) != 1:
+            raise DataError("expected a JSON array of objects (or an object holding exactly one array)",
+                            category="wrong type", source=path)  # fmt: skip
+        obj = lists[0]
+    if not isinstance(obj, list):
+        raise DataError(f"expected a JSON array of objects, got {type(obj).__name__}", category="wrong type", source=path)
+    for index, item in enumerate(obj):
+        if isinstance(item, dict):
+            yield index, item
+        else:
+            yield index, DataError(f"expected a JSON object, got {type(item).__name__}", category="wrong type")
+
+
+def _csv_rows(text: str, path: Path) -> Rows:
+    csv.field_size_limit(max(csv.field_size_limit(), 1 << 28))  # data URIs make long cells
+    reader = csv.DictReader(io.StringIO(text, newline=""), strict=True)  # bad quoting raises, never swallows
+    header = reader.fieldnames or []
+    try:
+        for row in reader:
+            if None in row:
+                yield reader.line_num, DataError(f"row has {len(header) + len(row[None])} cells, header has {len(header)}",
+                                                 category="wrong type")  # fmt: skip
+                continue
+            yield reader.line_num, {k: (None if v in ("", None) else v) for k, v in row.items()}
+    except csv.Error as exc:
+        raise DataError(f"unreadable CSV ({exc})", category="invalid CSV", source=path, row=reader.line_num) from exc
+
+
+def _parquet_rows(path: Path) -> Rows:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        pf = pq.ParquetFile(path)
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise DataError(f"not a readable Parquet file ({exc})", category="invalid Parquet", source=path) from exc
+    index = 0
+    try:
+        for batch in pf.iter_batches(batch_size=256):
+            for row in batch.to_pylist():
+                yield index, row
+                index += 1
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise DataError(f"unreadable Parquet data ({exc})", category="invalid Parquet", source=path, row=index) from exc
+
+
+def _pick_split(ds: Any, split: str | None, label: Any) -> Any:
+    import datasets
+
+    if not isinstance(ds, (datasets.DatasetDict, datasets.IterableDatasetDict)):
+        return ds
+    if split is None and len(ds) == 1:
+        split = next(iter(ds))
+    if split not in ds:
+        raise DataError(f"split {split!r} not found; the dataset has {sorted(ds)} (pass split=...)",
+                        category="missing split", source=label)  # fmt: skip
+    return ds[split]
+
+
+def _undecoded(ds: Any) -> Any:
+    """The dataset with its Image features left as ``{"bytes", "path"}`` dicts (decoded later, checked)."""
+    import datasets
+
+    def walk(feature: Any) -> Any:
+        if isinstance(feature, datasets.Image):
+            return datasets.Image(decode=False)
+        if isinstance(feature, (datasets.List, datasets.LargeList)):
+            return type(feature)(walk(feature.feature))
+        if isinstance(feature, datasets.Sequence):
+            return datasets.Sequence(walk(feature.feature), length=feature.length)
+        if isinstance(feature, dict):
+            return {k: walk(v) for k, v in feature.items()}
+        return feature
+
+    features = ds.features
+    if features is None:
+        return ds
+    new = datasets.Features({k: walk(v) for k, v in features.items()})
+    return ds if new == features else ds.cast(new)
+
+
+def _saved_dataset_rows(path: Path, split: str | None) -> Rows:
+    import datasets
+
+    try:
+        ds = datasets.load_from_disk(str(path))
+    except Exception as exc:  # noqa: BLE001 - datasets raises several types for broken folders
+        raise DataError(f"not a readable `datasets` folder ({exc})", category="invalid dataset", source=path) from exc
+    yield from enumerate(_undecoded(_pick_split(ds, split, path)))
+
+
+def hub_reachable(timeout: float = 5.0) -> bool:
+    """Whether the hub's host accepts a connection within ``timeout`` seconds."""
+    import os
+    import socket
+    from urllib.parse import urlparse
+
+    url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    try:
+        socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout=timeout).close()
+    except OSError:
+        return False
+    return True
+
+
+def _hub_offline() -> bool:
+    import os
+
+    return any(os.environ.get(k, "").upper() in ("1", "ON", "YES", "TRUE") for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
+
+
+def _hub_rows(repo_id: str, split: str | None, config_name: str | None) -> Rows:
+    import datasets
+
+    if not _hub_offline() and not hub_reachable():  # fail at once instead of minutes of retries
+        raise DataError(f"no such local path, and the hub is unreachable to load {repo_id!r} as a hub dataset; "
+                        "pass a local path, or set HF_HUB_OFFLINE=1 to use a cached copy",
+                        category="missing source", source=f"hub:{repo_id}")  # fmt: skip
+    try:
+        ds = datasets.load_dataset(repo_id, config_name, split=split)
+    except Exception as exc:  # noqa: BLE001 - offline, not cached, no such repo or split
+        raise DataError(
+            f"cannot load hub dataset {repo_id!r} (config {config_name!r}, split {split!r}): "
+            f"{type(exc).__name__}: {str(exc)[:300]}. Offline (HF_HUB_OFFLINE=1) only cached datasets load: "
+            "download it where the network is and pass the local path",
+            category="missing source", source=f"hub:{repo_id}",
+        ) from exc
+    yield from enumerate(_undecoded(_pick_split(ds, split, f"hub:{repo_id}")))

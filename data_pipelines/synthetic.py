@@ -1,0 +1,295 @@
+"""Synthetic verifiable visual tasks, drawn with PIL from a seed: offline data for demos and learning proofs.
+
+Tasks (``TASKS``), each with exact answers:
+
+- ``"color"``: name the colour of the image (``mode="solid"``) or of the one shape on it
+  (``mode="object"``); ``num_colors`` 2..8 (default 4), 56x56 images by default (4 image tokens).
+- ``"shape"``: name the shape (circle, square, triangle, star, hexagon, cross, diamond, pentagon; the
+  first ``num_shapes``).
+- ``"count_shapes"``: how many shapes of one kind; ``min_count``..``max_count``, ``distractors`` shapes
+  of another kind that must not be counted.
+- ``"triangle_angle"``: two angles of a triangle are labelled in degrees, the third is marked "?";
+  ``angle_step`` sets the difficulty (10: multiples of ten, 1: any whole degree).
+
+The same ``(task, n, seed, options)`` gives the same records, pixel for pixel. Labels of the
+classification tasks are balanced (each class ``n // k`` or ``n // k + 1`` times, order shuffled).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PIL import Image, ImageDraw, ImageFont
+
+from data_pipelines.records import JudgmentRecord, PreferencePair, PromptRecord
+from data_pipelines.writers import write_records
+
+COLORS: dict[str, tuple[int, int, int]] = {
+    "red": (220, 30, 30), "green": (30, 160, 50), "blue": (30, 70, 220), "yellow": (240, 210, 30),
+    "purple": (130, 40, 170), "orange": (245, 130, 20), "black": (15, 15, 15), "white": (245, 245, 245),
+}  # fmt: skip
+SHAPES = ("circle", "square", "triangle", "star", "hexagon", "cross", "diamond", "pentagon")
+PLURALS = {"cross": "crosses"}
+BACKGROUND = (128, 128, 128)  # object mode: a grey no colour name is close to
+DRAW_COLORS = ("red", "green", "blue", "yellow", "purple", "orange", "black")  # on white backgrounds
+
+# Judge prompts (generative reward models). The target is the answer tag alone.
+JUDGE_POINTWISE = ("<image>Question: {question}\nCandidate answer: {candidate}\n"
+                   "Is the candidate answer correct? Answer with <answer>yes</answer> or <answer>no</answer>.")  # fmt: skip
+JUDGE_PAIRWISE = ("<image>Question: {question}\nAnswer A: {a}\nAnswer B: {b}\n"
+                  "Which answer is correct? Answer with <answer>A</answer> or <answer>B</answer>.")  # fmt: skip
+
+
+def _polygon(shape: str, cx: float, cy: float, r: float, rotation: float = 0.0) -> list[tuple[float, float]]:
+    def ring(k: int, radius: float, start: float) -> list[tuple[float, float]]:
+        return [(cx + radius * math.cos(start + rotation + 2 * math.pi * j / k),
+                 cy + radius * math.sin(start + rotation + 2 * math.pi * j / k)) for j in range(k)]  # fmt: skip
+
+    up = -math.pi / 2
+    if shape == "square":
+        return ring(4, r, math.pi / 4)
+    if shape == "triangle":
+        return ring(3, r, up)
+    if shape == "pentagon":
+        return ring(5, r, up)
+    if shape == "hexagon":
+        return ring(6, r, 0.0)
+    if shape == "star":
+        outer, inner = ring(5, r, up), ring(5, 0.42 * r, up + math.pi / 5)
+        return [p for pair in zip(outer, inner) for p in pair]
+    if shape == "diamond":  # a rhombus, narrower than a turned square
+        pts = [(0, -r), (0.6 * r, 0), (0, r), (-0.6 * r, 0)]
+    elif shape == "cross":
+        a, b = r, 0.33 * r
+        pts = [(-b, -a), (b, -a), (b, -b), (a, -b), (a, b), (b, b), (b, a), (-b, a), (-b, b), (-a, b), (-a, -b), (-b, -b)]
+    else:
+        raise ValueError(f"unknown shape {shape!r}")
+    c, s = math.cos(rotation), math.sin(rotation)
+    return [(cx + x * c - y * s, cy + x * s + y * c) for x, y in pts]
+
+
+def draw_shape(draw: ImageDraw.ImageDraw, shape: str, center: tuple[float, float], radius: float,
+               fill: tuple[int, int, int], rotation: float = 0.0) -> None:  # fmt: skip
+    """Draw one filled shape of ``SHAPES`` centred at ``center`` within ``radius``."""
+    cx, cy = center
+    if shape == "circle":
+        draw.ellipse((cx - radius, cy - radius, cx + radius, cy + radius), fill=fill)
+    else:
+        draw.polygon(_polygon(shape, cx, cy, radius, rotation), fill=fill)
+
+
+def _balanced(vocab: list[str], n: int, rng: random.Random) -> list[str]:
+    labels = [vocab[i % len(vocab)] for i in range(n)]
+    rng.shuffle(labels)
+    return labels
+
+
+def _noise(im: Image.Image, amount: int, rng: random.Random) -> Image.Image:
+    if amount <= 0:
+        return im
+    arr = np.asarray(im).astype(np.int16)
+    arr += np.random.default_rng(rng.getrandbits(32)).integers(-amount, amount + 1, arr.shape, dtype=np.int16)
+    return Image.fromarray(np.clip(arr, 0, 255).astype(np.uint8), "RGB")
+
+
+def _check_range(name: str, value: int, lo: int, hi: int) -> None:
+    if not lo <= value <= hi:
+        raise ValueError(f"{name} must be in {lo}..{hi}, got {value}")
+
+
+def _color(n: int, rng: random.Random, *, num_colors: int = 4, image_size: int = 56, mode: str = "solid",
+           noise: int = 0, question: str | None = None) -> list[tuple]:  # fmt: skip
+    _check_range("num_colors", num_colors, 2, len(COLORS))
+    if mode not in ("solid", "object"):
+        raise ValueError(f"mode must be 'solid' or 'object', got {mode!r}")
+    vocab = list(COLORS)[:num_colors]
+    question = question or ("What colour is this image? Answer with one word." if mode == "solid"
+                            else "What colour is the shape? Answer with one word.")  # fmt: skip
+    out = []
+    for name in _balanced(vocab, n, rng):
+        if mode == "solid":
+            im = Image.new("RGB", (image_size, image_size), COLORS[name])
+        else:
+            im = Image.new("RGB", (image_size, image_size), BACKGROUND)
+            r = image_size * rng.uniform(0.22, 0.38)
+            c = [rng.uniform(r, image_size - r) for _ in range(2)]
+            draw_shape(ImageDraw.Draw(im), rng.choice(SHAPES[:4]), c, r, COLORS[name], rng.uniform(0, 2 * math.pi))
+        out.append((_noise(im, noise, rng), question, name, {"vocabulary": vocab, "rgb": list(COLORS[name]), "mode": mode}))
+    return out
+
+
+def _shape(n: int, rng: random.Random, *, num_shapes: int = 4, image_size: int = 84, rotate: bool = False,
+           noise: int = 0, question: str | None = None) -> list[tuple]:  # fmt: skip
+    _check_range("num_shapes", num_shapes, 2, len(SHAPES))
+    vocab = list(SHAPES[:num_shapes])
+    question = question or "What shape is in the image? Answer with one word."
+    out = []
+    for name in _balanced(vocab, n, rng):
+        im = Image.new("RGB", (image_size, image_size), (255, 255, 255))
+        r = image_size * rng.uniform(0.25, 0.4)
+        c = [rng.uniform(r, image_size - r) for _ in range(2)]
+        color = rng.choice(DRAW_COLORS)
+        draw_shape(ImageDraw.Draw(im), name, c, r, COLORS[color], rng.uniform(-0.3, 0.3) if rotate else 0.0)
+        out.append((_noise(im, noise, rng), question, name, {"vocabulary": vocab, "color": color}))
+    return out
+
+
+def _count_shapes(n: int, rng: random.Random, *, shape: str = "circle", min_count: int = 1, max_count: int = 5,
+                  distractors: int = 0, image_size: int = 112, noise: int = 0) -> list[tuple]:  # fmt: skip
+    if shape != "random" and shape not in SHAPES:
+        raise ValueError(f"shape must be one of {SHAPES} or 'random', got {shape!r}")
+    _check_range("min_count", min_count, 0, max_count)
+    cell = max(12, image_size // 5)
+    grid = [(x, y) for y in range(image_size // cell) for x in range(image_size // cell)]
+    if max_count + distractors > len(grid):
+        raise ValueError(f"{max_count} shapes + {distractors} distractors do not fit a {image_size}px image "
+                         f"({len(grid)} places); make the image larger")  # fmt: skip
+    vocab = [str(k) for k in range(min_count, max_count + 1)]
+    out = []
+    for count in _balanced(vocab, n, rng):
+        target = rng.choice(SHAPES[:4]) if shape == "random" else shape
+        other = [s for s in SHAPES[:4] if s != target]
+        im = Image.new("RGB", (image_size, image_size), (255, 255, 255))
+        draw = ImageDraw.Draw(im)
+        cells = rng.sample(grid, int(count) + distractors)  # distinct cells: shapes never overlap
+        kinds = [target] * int(count) + [rng.choice(other) for _ in range(distractors)]
+        for (gx, gy), kind in zip(cells, kinds):
+            r = cell * rng.uniform(0.35, 0.45)
+            cx = gx * cell + cell / 2 + rng.uniform(-1, 1) * (cell / 2 - r)
+            cy = gy * cell + cell / 2 + rng.uniform(-1, 1) * (cell / 2 - r)
+            draw_shape(draw, kind, (cx, cy), r, COLORS[rng.choice(DRAW_COLORS)])
+        plural = PLURALS.get(target, target + "s")
+        question = f"How many {plural} are in the image? Answer with a number."
+        out.append((_noise(im, noise, rng), question, count,
+                    {"vocabulary": vocab, "counted_shape": target, "distractors": distractors}))  # fmt: skip
+    return out
+
+
+def _triangle_angle(n: int, rng: random.Random, *, angle_step: int = 10, min_angle: int = 20, image_size: int = 224,
+                    side_labels: bool = False, noise: int = 0) -> list[tuple]:  # fmt: skip
+    _check_range("angle_step", angle_step, 1, 60)
+    if 3 * min_angle > 180 - 2 * angle_step:
+        raise ValueError(f"min_angle {min_angle} leaves no triangles with angle_step {angle_step}")
+    values = [v for v in range(angle_step, 180, angle_step) if v >= min_angle]
+    triples = [(a, b, 180 - a - b) for a in values for b in values if 180 - a - b in values]
+    vocab = sorted({str(t[2]) for t in triples}, key=int)
+    font = ImageFont.load_default(size=max(10, image_size // 14))
+    question = "Two angles of the triangle are labelled in degrees. What is the angle marked '?', in degrees? Answer with a number."
+    out = []
+    for _ in range(n):
+        angles = list(rng.choice(triples))
+        unknown = rng.randrange(3)
+        verts = _triangle(angles, image_size, rng)
+        im = Image.new("RGB", (image_size, image_size), (255, 255, 255))
+        draw = ImageDraw.Draw(im)
+        draw.polygon(verts, outline=(0, 0, 0), width=max(1, image_size // 112))
+        gx, gy = sum(v[0] for v in verts) / 3, sum(v[1] for v in verts) / 3
+        for k, (vx, vy) in enumerate(verts):
+            text = "?" if k == unknown else f"{angles[k]}°"
+            t = 0.32 if angles[k] >= 40 else 0.45  # further in for sharp corners
+            draw.text((vx + t * (gx - vx), vy + t * (gy - vy)), text, fill=(0, 0, 0), font=font, anchor="mm")
+        if side_labels:  # decoy numbers (side lengths) that play no part in the answer
+            for k in range(3):
+                (ax, ay), (bx, by) = verts[k], verts[(k + 1) % 3]
+                mx, my = (ax + bx) / 2, (ay + by) / 2
+                draw.text((mx + 0.15 * (mx - gx), my + 0.15 * (my - gy)), str(rng.randint(2, 15)),
+                          fill=(40, 40, 200), font=font, anchor="mm")  # fmt: skip
+        out.append((_noise(im, noise, rng), question, str(angles[unknown]),
+                    {"vocabulary": vocab, "angles": angles, "unknown_vertex": unknown}))  # fmt: skip
+    return out
+
+
+def _triangle(angles: list[int], size: int, rng: random.Random) -> list[tuple[float, float]]:
+    """Vertices with interior angles ``angles`` (at vertex 0, 1, 2), turned at random, fitted to the image."""
+    a, b = math.radians(angles[0]), math.radians(angles[1])
+    # Vertex 0 at the origin, vertex 1 at (1, 0); vertex 2 where the sides at angles a and b meet.
+    t = math.sin(b) / math.sin(a + b)
+    pts = [(0.0, 0.0), (1.0, 0.0), (t * math.cos(a), -t * math.sin(a))]
+    turn = rng.uniform(0, 2 * math.pi)
+    pts = [(x * math.cos(turn) - y * math.sin(turn), x * math.sin(turn) + y * math.cos(turn)) for x, y in pts]
+    xs, ys = [p[0] for p in pts], [p[1] for p in pts]
+    margin = 0.1 * size
+    scale = (size - 2 * margin) / max(max(xs) - min(xs), max(ys) - min(ys))
+    ox = margin + (size - 2 * margin - scale * (max(xs) - min(xs))) / 2
+    oy = margin + (size - 2 * margin - scale * (max(ys) - min(ys))) / 2
+    return [(ox + scale * (x - min(xs)), oy + scale * (y - min(ys))) for x, y in pts]
+
+
+TASKS = {"color": _color, "shape": _shape, "count_shapes": _count_shapes, "triangle_angle": _triangle_angle}
+
+
+def make_prompt_records(task: str, n: int, seed: int = 0, **options: Any) -> list[PromptRecord]:
+    """``n`` prompt records of ``task`` (one RGB PIL image each, exact answer, ``task`` as task label).
+
+    ``metadata`` holds ``ground_truth`` (the answer), ``vocabulary`` (every possible answer) and the
+    drawing's facts (colour, angles ...). ``options`` are the task's keywords (see the module doc).
+    """
+    if task not in TASKS:
+        raise ValueError(f"unknown synthetic task {task!r}; known: {sorted(TASKS)}")
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    rng = random.Random(f"vlrft-synthetic/{task}/{seed}")
+    samples = TASKS[task](n, rng, **options)
+    return [PromptRecord(id=f"{task}-{seed}-{i}", prompt=question, images=[im], answer=answer, task=task,
+                         metadata={"ground_truth": answer, **meta, "seed": seed, "index": i})
+            for i, (im, question, answer, meta) in enumerate(samples)]  # fmt: skip
+
+
+def _wrong(rec: PromptRecord, rng: random.Random) -> str:
+    return rng.choice([v for v in rec.metadata["vocabulary"] if v != rec.answer])
+
+
+def make_preference_pairs(task: str, n: int, seed: int = 0, *, response_template: str = "{answer}",
+                          **options: Any) -> list[PreferencePair]:  # fmt: skip
+    """``n`` pairs: the right answer (chosen) against a wrong one from the task's vocabulary (rejected).
+
+    ``response_template`` formats both responses (e.g. ``"<answer>{answer}</answer>"``).
+    """
+    rng = random.Random(f"vlrft-pairs/{task}/{seed}")
+    pairs = []
+    for rec in make_prompt_records(task, n, seed, **options):
+        wrong = _wrong(rec, rng)
+        pairs.append(PreferencePair(id=rec.id, prompt=rec.prompt, images=rec.images, task=task,
+                                    chosen=response_template.format(answer=rec.answer),
+                                    rejected=response_template.format(answer=wrong),
+                                    metadata={**rec.metadata, "wrong_answer": wrong}))  # fmt: skip
+    return pairs
+
+
+def make_judgment_records(task: str, n: int, seed: int = 0, *, mode: str = "pointwise",
+                          **options: Any) -> list[JudgmentRecord]:  # fmt: skip
+    """``n`` judge records: the image, the question and candidate answer(s); the target is the verdict.
+
+    ``mode="pointwise"``: prompt ``JUDGE_POINTWISE``, target ``<answer>yes</answer>`` when the candidate
+    is right, else ``<answer>no</answer>`` (half each). ``mode="pairwise"``: prompt ``JUDGE_PAIRWISE``
+    with one right and one wrong answer, target ``<answer>A</answer>`` or ``<answer>B</answer>`` (half each).
+    """
+    if mode not in ("pointwise", "pairwise"):
+        raise ValueError(f"mode must be 'pointwise' or 'pairwise', got {mode!r}")
+    rng = random.Random(f"vlrft-judgments/{task}/{seed}/{mode}")
+    records = make_prompt_records(task, n, seed, **options)
+    flags = [i % 2 == 0 for i in range(n)]
+    rng.shuffle(flags)
+    out = []
+    for rec, flag in zip(records, flags):
+        wrong = _wrong(rec, rng)
+        if mode == "pointwise":
+            candidate = rec.answer if flag else wrong
+            prompt, target = JUDGE_POINTWISE.format(question=rec.prompt, candidate=candidate), "yes" if flag else "no"
+            meta = {"candidate": candidate}
+        else:
+            a, b = (rec.answer, wrong) if flag else (wrong, rec.answer)
+            prompt, target = JUDGE_PAIRWISE.format(question=rec.prompt, a=a, b=b), "A" if flag else "B"
+            meta = {"answer_a": a, "answer_b": b}
+        out.append(JudgmentRecord(id=rec.id, prompt=prompt, target=f"<answer>{target}</answer>", images=rec.images,
+                                  task=task, metadata={**rec.metadata, **meta, "judge_mode": mode, "verdict": target}))  # fmt: skip
+    return out
+
+
+def write_prompt_records(records: list[Any], out_jsonl: str | Path, image_dir: str | Path | None = None) -> Path:
+    """Write records to JSONL with their images as PNG files (``<out stem>_images/`` by default)."""
+    return write_records(records, out_jsonl, image_dir=image_dir)

@@ -1,0 +1,42 @@
+"""``vlrft prepare-data {gsm8k,geo3k}``: convert a public dataset to prompt-record JSONL."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "prepare-data",
+        help="convert GSM8K or Geometry3K (local files or a hub id) to prompt-record JSONL",
+        description="Convert a dataset to JSONL prompt records that `read_records` reads back. GSM8K: the "
+        "OpenAI jsonl layout or the hub layout (openai/gsm8k); the gold is the `####` number. Geometry3K: the "
+        "InterGPS folder layout (<split>/<id>/data.json + img_diagram.png) or the hub parquet layout "
+        "(hiyouga/geometry3k); the answer is the text of the right choice. Images are referenced by path, "
+        "relative to the output file; in-memory images are written next to it. See docs/data.md.",
+    )
+    p.add_argument("dataset", choices=("gsm8k", "geo3k"), help="which converter")
+    p.add_argument("--source", required=True, help="a file, a folder or a hub dataset id (used only if no such path exists)")
+    p.add_argument("--split", default="test", help="split to convert (default test)")
+    p.add_argument("--out", required=True, help="output .jsonl file")
+    p.add_argument("--on-bad-record", default="error", choices=("error", "skip"),
+                   help="stop at the first bad record (default) or skip and count bad records")  # fmt: skip
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from data_pipelines.converters import convert_geo3k, convert_gsm8k
+    from data_pipelines.errors import DataError
+    from data_pipelines.writers import write_records
+
+    convert = convert_gsm8k if args.dataset == "gsm8k" else convert_geo3k
+    try:
+        records, report = convert(args.source, args.split, on_bad_record=args.on_bad_record)
+    except DataError as exc:
+        print(f"vlrft prepare-data: {exc}", file=sys.stderr)
+        return 1
+    out = write_records(records, args.out)
+    print(report.summary())
+    print(f"wrote {len(records)} {args.dataset} records to {out}")
+    return 0
