@@ -122,7 +122,9 @@ def _normalise(centred: Tensor, scores: Tensor, groups: _Groups, mode: str, eps:
     return centred
 
 
-def grpo_advantages(rewards, response_mask, *, group_ids, std_normalization="group", eps=1e-6, **_) -> tuple[Tensor, Tensor]:
+def grpo_advantages(
+    rewards, response_mask, *, group_ids, std_normalization="group", eps=1e-6, **_
+) -> tuple[Tensor, Tensor]:
     """GRPO outcome advantage (DeepSeekMath, arXiv 2402.03300, Sec. 4.1.2):
     ``A_i = (r_i - mean(r_group)) / (std(r_group) + eps)`` on every token of sample ``i``.
     ``std_normalization="none"`` is Dr.GRPO (arXiv 2503.20783, eq. 3: no std division); ``"batch"`` divides
@@ -134,7 +136,9 @@ def grpo_advantages(rewards, response_mask, *, group_ids, std_normalization="gro
     return _broadcast(adv, response_mask), _broadcast(s, response_mask)
 
 
-def rloo_advantages(rewards, response_mask, *, group_ids, std_normalization="none", eps=1e-6, **_) -> tuple[Tensor, Tensor]:
+def rloo_advantages(
+    rewards, response_mask, *, group_ids, std_normalization="none", eps=1e-6, **_
+) -> tuple[Tensor, Tensor]:
     """RLOO (Ahmadian et al. 2024, arXiv 2402.14740, eq. 6; Kool et al. 2019): leave-one-out baseline
     ``A_i = r_i - (1/(k-1)) sum_{j != i} r_j = k/(k-1) (r_i - mean(r_group))``; not std-normalised unless asked."""
     s = _scores(rewards, response_mask)
@@ -144,7 +148,9 @@ def rloo_advantages(rewards, response_mask, *, group_ids, std_normalization="non
     return _broadcast(adv, response_mask), _broadcast(s, response_mask)
 
 
-def cpgd_advantages(rewards, response_mask, *, group_ids, std_normalization="group", eps=1e-6, **_) -> tuple[Tensor, Tensor]:
+def cpgd_advantages(
+    rewards, response_mask, *, group_ids, std_normalization="group", eps=1e-6, **_
+) -> tuple[Tensor, Tensor]:
     """CPGD advantage (Liu et al. 2025, arXiv 2505.12504, Sec. 4, "weighted advantage"):
     ``A_i = w(x) (r_i - mean(r_group))`` with the per-prompt weight ``w(x) = 1/(std(r_group) + eps)``
     (``"group"``, default), ``1/(batch std + eps)`` (``"batch"``) or 1 (``"none"``). Numerically the group-
@@ -260,7 +266,8 @@ def compute_advantages(
     rewards = rewards.detach().to(dtype)
     bad = (~torch.isfinite(rewards)).nonzero()
     if bad.numel():
-        raise ValueError(f"compute_advantages: reward of sample {bad[0, 0].item()} is not finite ({rewards[tuple(bad[0])].item()})")
+        value = rewards[tuple(bad[0])].item()
+        raise ValueError(f"compute_advantages: reward of sample {bad[0, 0].item()} is not finite ({value})")
     with torch.no_grad():
         return ADVANTAGE_ESTIMATORS[name](
             rewards, response_mask.bool(), group_ids=group_ids, values=values, gamma=gamma, lam=lam,

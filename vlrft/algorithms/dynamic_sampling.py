@@ -66,7 +66,7 @@ def more_prompts_needed(num_kept_groups: int, target_num_groups: int, num_tries:
         raise DynamicSamplingExhausted(
             f"dynamic sampling: {num_tries} generation rounds kept {num_kept_groups} of {target_num_groups} "
             "groups with non-constant rewards. The prompts are too easy or too hard for the policy, or the "
-            "reward is constant; raise algorithm.dynamic_sampling_max_tries, lower the batch size, or set "
+            "reward is constant; raise the max_tries limit, lower the batch size, or set "
             "algorithm.dynamic_sampling=false"
         )
     return needed

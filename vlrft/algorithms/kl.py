@@ -35,7 +35,9 @@ def kl_penalty(log_probs: Tensor, ref_log_probs: Tensor, estimator: str = "k3") 
     if estimator not in KL_ESTIMATORS:
         raise ValueError(f"unknown kl_estimator {estimator!r}; choose one of {', '.join(KL_ESTIMATORS)}")
     if log_probs.shape != ref_log_probs.shape:
-        raise ValueError(f"kl_penalty: log_probs {tuple(log_probs.shape)} != ref_log_probs {tuple(ref_log_probs.shape)}")
+        raise ValueError(
+            f"kl_penalty: log_probs {tuple(log_probs.shape)} != ref_log_probs {tuple(ref_log_probs.shape)}"
+        )
     log_ratio = log_probs - ref_log_probs  # log pi - log ref = -log r
     if estimator == "k1":
         return log_ratio

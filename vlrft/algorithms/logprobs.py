@@ -117,7 +117,8 @@ def logprobs_from_logits(
     if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= logits.shape[-1]):
         raise ValueError(
             f"logprobs_from_logits: label ids must lie in [0, {logits.shape[-1]}), got "
-            f"[{int(labels.min())}, {int(labels.max())}] (replace ignore-index/padding labels by a valid id and mask them)"
+            f"[{int(labels.min())}, {int(labels.max())}] "
+            "(replace ignore-index/padding labels by a valid id and mask them)"
         )
     labels = labels.long()
     if logits.is_contiguous():

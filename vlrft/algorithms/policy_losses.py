@@ -171,7 +171,8 @@ def compute_policy_loss(
     mask = response_mask.bool()
     advantages = advantages.detach().to(log_probs.dtype)
     loss_mat, log_ratio, metrics = POLICY_LOSSES[name](
-        log_probs, old_log_probs, advantages, mask, clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip, **kwargs
+        log_probs, old_log_probs, advantages, mask,
+        clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip, **kwargs,
     )
     if is_weights is not None:
         if is_weights.shape != mask.shape:
