@@ -17,7 +17,7 @@ from typing import Any
 
 from data_pipelines.errors import DataError
 
-Rows = Iterator[tuple[int, "dict[str, Any] | DataError"]]
+Rows = Iterator[tuple["int | str", "dict[str, Any] | DataError"]]
 FILE_FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
@@ -34,10 +34,11 @@ def open_rows(source: str | Path, *, split: str | None = None, config_name: str 
         if not files:
             raise DataError(f"no data files ({', '.join(FILE_FORMATS)}) for split {split!r} in folder",
                             category="missing file", source=path)  # fmt: skip
-        return _chain(files), str(path), path
+        return _chain(path, files), str(path), path
     if isinstance(source, str) and _HUB_ID.match(source) and Path(source).suffix.lower() not in FILE_FORMATS:
         return _hub_rows(source, split, config_name), f"hub:{source}", None
-    raise DataError("file not found", category="missing file", source=path)
+    what = "not a regular file" if path.exists() else "file not found"
+    raise DataError(what, category="missing file", source=path)
 
 
 def file_rows(path: Path) -> Rows:
@@ -62,9 +63,11 @@ def data_files(folder: Path, split: str | None) -> list[Path]:
     return [p for p in found if pattern is None or pattern.match(p.name)]
 
 
-def _chain(files: list[Path]) -> Rows:
-    for f in files:  # rows keep their number within each file; messages name the folder
-        yield from file_rows(f)
+def _chain(folder: Path, files: list[Path]) -> Rows:
+    for f in files:  # messages read "FOLDER:FILE:ROW"
+        name = f.relative_to(folder).as_posix()
+        for row, value in file_rows(f):
+            yield f"{name}:{row}", value
 
 
 def _decode_utf8(data: bytes, path: Path) -> str:

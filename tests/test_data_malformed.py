@@ -212,3 +212,12 @@ def test_over_long_prompt_is_counted_not_truncated(tiny_model):
 
 def test_corpus_has_at_least_thirty_malformed_inputs():
     assert len(ROW_CASES) + len(SOURCE_CASES) + 2 + 1 >= 30  # + parquet/datasets rows + over-long prompt
+
+
+def test_bad_row_in_a_folder_source_names_the_file(tmp_path):
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "test-00000-of-00002.jsonl").write_text(json.dumps({"prompt": "ok"}) + "\n")
+    (tmp_path / "data" / "test-00001-of-00002.jsonl").write_text(json.dumps({"prompt": "ok"}) + "\n" + json.dumps({"prompt": 5}) + "\n")
+    with pytest.raises(DataError) as info:
+        read_records(tmp_path, split="test")
+    assert str(info.value) == f"{tmp_path}:data/test-00001-of-00002.jsonl:2 field 'prompt': wrong type: want text, got int"

@@ -1,0 +1,134 @@
+"""GSM8K and Geometry3K converters (both layouts each) and ``vlrft prepare-data``, on the real shared data."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from PIL import Image
+
+from data_pipelines.converters import convert_geo3k, convert_gsm8k, gsm8k_gold
+from data_pipelines.errors import DataError
+from data_pipelines.readers import read_records
+from data_pipelines.writers import write_records
+from vlrft.cli import main
+
+
+def hash_numbers(path):
+    """Gold numbers straight from the file: the text after '#### ' on each answer's last line, commas removed."""
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        answer = json.loads(line)["answer"]
+        out.append(re.search(r"####\s*(.+?)\s*$", answer).group(1).replace(",", ""))
+    return out
+
+
+def test_gsm8k_test_jsonl_gives_1319_records_with_the_hash_numbers(shared_data):
+    path = shared_data / "gsm8k" / "test.jsonl"
+    records, report = convert_gsm8k(path, "test")
+    golds = hash_numbers(path)
+    assert len(records) == 1319 == report.kept and report.skipped == 0
+    assert [r.answer for r in records] == golds
+    assert all(re.fullmatch(r"-?\d+(\.\d+)?", g) for g in golds)
+    assert any("," in json.loads(line)["answer"].splitlines()[-1] for line in path.read_text().splitlines())  # commas occur
+    first = json.loads(path.read_text().splitlines()[0])
+    assert records[0].prompt == first["question"] and records[0].metadata["solution"] == first["answer"]
+    assert {r.task for r in records} == {"gsm8k"} and all(r.images == [] for r in records)
+    assert gsm8k_gold("She pays 2 + 3.\n#### 2,125") == "2125"
+    with pytest.raises(DataError, match="no '#### <number>' line"):
+        gsm8k_gold("no gold here")
+
+
+def test_gsm8k_hub_layout_and_folder_give_the_same_records(shared_data, tmp_path):
+    lines = (shared_data / "gsm8k" / "test.jsonl").read_text().splitlines()[:40]
+    rows = [json.loads(line) for line in lines]
+    (tmp_path / "main").mkdir()
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "main" / "test-00000-of-00001.parquet")
+    (tmp_path / "main" / "train-00000-of-00001.parquet").write_bytes(b"")  # another split: not read
+    hub, _ = convert_gsm8k(tmp_path, "test")
+    local, _ = convert_gsm8k(shared_data / "gsm8k", "test")
+    assert [(r.id, r.prompt, r.answer) for r in hub] == [(r.id, r.prompt, r.answer) for r in local[:40]]
+
+
+def geo3k_truth(folder):
+    out = {}
+    for d in sorted(folder.iterdir(), key=lambda p: int(p.name)):
+        data = json.loads((d / "data.json").read_text())
+        out[d.name] = (data, data["choices"]["ABCD".index(data["answer"])])
+    return out
+
+
+def test_geo3k_intergps_examples_answer_with_the_right_choice_text(shared_data):
+    folder = shared_data / "geo3k_examples" / "train"
+    truth = geo3k_truth(folder)
+    for source in (shared_data / "geo3k_examples", folder):  # the root with <split>/ or the split folder
+        records, report = convert_geo3k(source, "train")
+        assert len(records) == 10 == report.kept
+        assert [r.id for r in records] == [f"geo3k-train-{i}" for i in range(11, 21)]
+        for rec in records:
+            data, choice_text = truth[rec.id.rsplit("-", 1)[1]]
+            assert rec.answer == choice_text and rec.task == "geo3k"
+            assert rec.metadata["choices"] == data["choices"] and rec.metadata["answer_letter"] == data["answer"]
+            assert rec.prompt == "<image>" + data["annotat_text"].strip()
+            assert rec.images == [str(folder / rec.id.rsplit("-", 1)[1] / "img_diagram.png")]
+
+
+def test_geo3k_hub_parquet_layout_converts_and_reads_back(shared_data, tmp_path):
+    folder = shared_data / "geo3k_examples" / "train"
+    truth = geo3k_truth(folder)
+    rows = [{"images": [{"bytes": (folder / k / "img_diagram.png").read_bytes(), "path": None}],
+             "problem": "<image>" + data["annotat_text"], "answer": choice} for k, (data, choice) in truth.items()]  # fmt: skip
+    (tmp_path / "hub" / "data").mkdir(parents=True)
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "hub" / "data" / "train-00000-of-00001.parquet")
+    records, _ = convert_geo3k(tmp_path / "hub", "train")
+    assert [r.answer for r in records] == [choice for _, choice in truth.values()]
+    out = write_records(records, tmp_path / "out" / "geo3k.jsonl")
+    back, report = read_records(out, max_pixels=None)
+    assert report.skipped == 0 and [r.answer for r in back] == [r.answer for r in records]
+    first = json.loads(out.read_text().splitlines()[0])
+    assert first["images"] == ["geo3k_images/000000_geo3k-train-0_0.png"]  # relative to the output file
+    original = Image.open(folder / "11" / "img_diagram.png").convert("RGB")
+    np.testing.assert_array_equal(np.asarray(back[0].images[0]), np.asarray(original))
+    # A hub row whose problem has no <image> for its image is a located error.
+    pq.write_table(pa.Table.from_pylist([dict(rows[0], problem="Find x.")]), tmp_path / "bad.parquet")
+    with pytest.raises(DataError, match=r"bad\.parquet:0 field 'problem': problem has 0 <image> placeholders but 1 images"):
+        convert_geo3k(tmp_path / "bad.parquet", "train")
+
+
+def test_geo3k_bad_example_folder_is_located(shared_data, tmp_path):
+    src = shared_data / "geo3k_examples" / "train" / "11"
+    (tmp_path / "train" / "11").mkdir(parents=True)
+    data = json.loads((src / "data.json").read_text())
+    (tmp_path / "train" / "11" / "data.json").write_text(json.dumps(dict(data, answer="F")))
+    (tmp_path / "train" / "11" / "img_diagram.png").write_bytes((src / "img_diagram.png").read_bytes()[:300])
+    with pytest.raises(DataError, match=r"train:11 field 'answer': answer letter 'F' names none of 4 choices"):
+        convert_geo3k(tmp_path, "train")
+    (tmp_path / "train" / "11" / "data.json").write_text(json.dumps(data))
+    with pytest.raises(DataError, match=r"train:11 field 'images\[0\]': truncated PNG"):
+        convert_geo3k(tmp_path, "train")
+    records, report = convert_geo3k(tmp_path, "train", on_bad_record="skip")
+    assert records == [] and report.counts == {"truncated image": 1}
+
+
+def test_prepare_data_cli_writes_jsonl_that_read_records_reads_back(shared_data, tmp_path, capsys):
+    assert main(["prepare-data", "gsm8k", "--source", str(shared_data / "gsm8k" / "test.jsonl"), "--split", "test",
+                 "--out", str(tmp_path / "gsm8k_test.jsonl")]) == 0  # fmt: skip
+    assert "wrote 1319 gsm8k records" in capsys.readouterr().out
+    back, _ = read_records(tmp_path / "gsm8k_test.jsonl")
+    assert len(back) == 1319 and [r.answer for r in back] == hash_numbers(shared_data / "gsm8k" / "test.jsonl")
+    assert all(r.metadata["solution"].rstrip().splitlines()[-1].startswith("####") for r in back)
+    assert main(["prepare-data", "geo3k", "--source", str(shared_data / "geo3k_examples"), "--split", "train",
+                 "--out", str(tmp_path / "sub" / "geo3k_train.jsonl")]) == 0  # fmt: skip
+    rows = [json.loads(line) for line in (tmp_path / "sub" / "geo3k_train.jsonl").read_text().splitlines()]
+    assert all(not r["images"][0].startswith("/") for r in rows)  # relative to the output file
+    back, _ = read_records(tmp_path / "sub" / "geo3k_train.jsonl")
+    assert len(back) == 10 and all(len(r.images) == 1 and isinstance(r.images[0], Image.Image) for r in back)
+    assert [r.answer for r in back] == [c for _, c in geo3k_truth(shared_data / "geo3k_examples" / "train").values()]
+    # A bad source is an error message and exit status 1, not a traceback.
+    assert main(["prepare-data", "geo3k", "--source", str(tmp_path / "nothing"), "--out", str(tmp_path / "x.jsonl")]) == 1
+    assert "file not found" in capsys.readouterr().err

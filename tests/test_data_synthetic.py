@@ -1,0 +1,165 @@
+"""Synthetic visual tasks: deterministic, exact answers checked from the pixels, pairs, judgments, round trip."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from data_pipelines.readers import read_records
+from data_pipelines.synthetic import (
+    COLORS,
+    SHAPES,
+    make_judgment_records,
+    make_preference_pairs,
+    make_prompt_records,
+    write_prompt_records,
+)
+
+TASK_OPTIONS = [("color", {}), ("color", {"mode": "object", "noise": 8}), ("shape", {"num_shapes": 8, "rotate": True}),
+                ("count_shapes", {"distractors": 3}), ("triangle_angle", {"angle_step": 1, "side_labels": True})]  # fmt: skip
+
+
+@pytest.mark.parametrize("task,options", TASK_OPTIONS)
+def test_same_seed_same_records_other_seed_other_records(task, options):
+    a, b = make_prompt_records(task, 12, seed=3, **options), make_prompt_records(task, 12, seed=3, **options)
+    assert [(r.id, r.prompt, r.answer, r.metadata) for r in a] == [(r.id, r.prompt, r.answer, r.metadata) for r in b]
+    assert all(x.images[0].tobytes() == y.images[0].tobytes() for x, y in zip(a, b))
+    c = make_prompt_records(task, 12, seed=4, **options)
+    assert any(x.images[0].tobytes() != y.images[0].tobytes() for x, y in zip(a, c))
+    for rec in a:
+        assert rec.task == task and rec.images[0].mode == "RGB" and len(rec.images) == 1
+        assert rec.answer == rec.metadata["ground_truth"] and rec.answer in rec.metadata["vocabulary"]
+
+
+def test_color_images_have_the_named_colour_and_labels_are_balanced():
+    records = make_prompt_records("color", 40, seed=0)
+    assert records[0].prompt == "What colour is this image? Answer with one word."
+    assert records[0].images[0].size == (56, 56)  # 4 image tokens for Qwen-VL
+    for rec in records:
+        assert (np.asarray(rec.images[0]) == COLORS[rec.answer]).all()
+    assert Counter(r.answer for r in records) == {"red": 10, "green": 10, "blue": 10, "yellow": 10}
+    eight = make_prompt_records("color", 16, seed=0, num_colors=8)
+    assert sorted(set(r.answer for r in eight)) == sorted(COLORS) and eight[0].metadata["vocabulary"] == list(COLORS)
+    two = make_prompt_records("color", 6, seed=0, num_colors=2)
+    assert Counter(r.answer for r in two) == {"red": 3, "green": 3}
+    with pytest.raises(ValueError, match="num_colors must be in 2..8"):
+        make_prompt_records("color", 1, num_colors=9)
+
+
+def test_color_object_mode_shape_has_the_named_colour():
+    for rec in make_prompt_records("color", 16, seed=1, mode="object", image_size=112):
+        pixels = Counter(map(tuple, np.asarray(rec.images[0]).reshape(-1, 3).tolist()))
+        (bg, _), (fg, n) = pixels.most_common(2)
+        assert bg == (128, 128, 128) and fg == COLORS[rec.answer] and n > 300
+
+
+def fill_ratio(img) -> float:
+    """Share of the non-white bounding box that the shape covers (circle ~pi/4, square 1, triangle ~1/2 ...)."""
+    mask = (np.asarray(img) != 255).any(axis=2)
+    ys, xs = np.nonzero(mask)
+    return mask.sum() / ((ys.max() - ys.min() + 1) * (xs.max() - xs.min() + 1))
+
+
+def test_shape_answers_match_the_drawn_shape():
+    expected = {"circle": (0.74, 0.84), "square": (0.97, 1.0), "triangle": (0.45, 0.58), "star": (0.3, 0.45)}
+    records = make_prompt_records("shape", 24, seed=2)
+    assert Counter(r.answer for r in records) == {s: 6 for s in SHAPES[:4]}
+    for rec in records:
+        lo, hi = expected[rec.answer]
+        assert lo <= fill_ratio(rec.images[0]) <= hi, (rec.answer, fill_ratio(rec.images[0]))
+
+
+def components(img) -> int:
+    """Connected non-white regions (4-neighbour flood fill)."""
+    mask = (np.asarray(img) != 255).any(axis=2)
+    seen = np.zeros_like(mask)
+    h, w = mask.shape
+    n = 0
+    for y0, x0 in zip(*np.nonzero(mask)):
+        if seen[y0, x0]:
+            continue
+        n += 1
+        stack = [(y0, x0)]
+        seen[y0, x0] = True
+        while stack:
+            y, x = stack.pop()
+            for yy, xx in ((y + 1, x), (y - 1, x), (y, x + 1), (y, x - 1)):
+                if 0 <= yy < h and 0 <= xx < w and mask[yy, xx] and not seen[yy, xx]:
+                    seen[yy, xx] = True
+                    stack.append((yy, xx))
+    return n
+
+
+def test_count_shapes_answer_equals_the_shapes_drawn():
+    records = make_prompt_records("count_shapes", 15, seed=5, max_count=5, distractors=2)
+    assert Counter(r.answer for r in records) == {str(k): 3 for k in range(1, 6)}
+    for rec in records:
+        assert components(rec.images[0]) == int(rec.answer) + 2
+        assert rec.prompt == "How many circles are in the image? Answer with a number."
+    with pytest.raises(ValueError, match="do not fit"):
+        make_prompt_records("count_shapes", 1, max_count=30, image_size=56)
+
+
+def test_triangle_angle_answer_is_180_minus_the_labelled_angles():
+    for step in (10, 1):
+        for rec in make_prompt_records("triangle_angle", 20, seed=6, angle_step=step):
+            angles, unknown = rec.metadata["angles"], rec.metadata["unknown_vertex"]
+            assert sum(angles) == 180 and all(a >= 20 and a % step == 0 for a in angles)
+            assert int(rec.answer) == 180 - sum(a for k, a in enumerate(angles) if k != unknown)
+            assert components(rec.images[0]) >= 3  # the outline and its labels
+
+
+def test_triangle_geometry_has_the_stated_angles():
+    from data_pipelines.synthetic import _triangle
+
+    import random
+
+    for angles in ([30, 60, 90], [20, 20, 140], [71, 52, 57]):
+        v = _triangle(angles, 224, random.Random(0))
+        for k in range(3):
+            a, b, c = np.array(v[k]), np.array(v[(k + 1) % 3]), np.array(v[(k + 2) % 3])
+            cos = (b - a) @ (c - a) / (np.linalg.norm(b - a) * np.linalg.norm(c - a))
+            assert math.degrees(math.acos(cos)) == pytest.approx(angles[k], abs=1e-9)
+        assert all(0 <= x <= 224 and 0 <= y <= 224 for x, y in v)
+
+
+@pytest.mark.parametrize("task", ["color", "shape", "count_shapes", "triangle_angle"])
+def test_preference_pairs_prefer_the_right_answer(task):
+    pairs = make_preference_pairs(task, 10, seed=1, response_template="<answer>{answer}</answer>")
+    records = make_prompt_records(task, 10, seed=1)
+    for pair, rec in zip(pairs, records):
+        assert pair.chosen == f"<answer>{rec.answer}</answer>" and pair.rejected != pair.chosen
+        assert pair.metadata["wrong_answer"] in rec.metadata["vocabulary"] and pair.metadata["wrong_answer"] != rec.answer
+        assert pair.images[0].tobytes() == rec.images[0].tobytes()
+
+
+def test_judgment_records_pointwise_and_pairwise():
+    point = make_judgment_records("color", 10, seed=0)
+    assert Counter(j.target for j in point) == {"<answer>yes</answer>": 5, "<answer>no</answer>": 5}
+    for j in point:
+        right = j.metadata["candidate"] == j.metadata["ground_truth"]
+        assert j.target == ("<answer>yes</answer>" if right else "<answer>no</answer>")
+        assert j.prompt.startswith("<image>Question: What colour is this image?") and len(j.images) == 1
+        assert f"Candidate answer: {j.metadata['candidate']}\n" in j.prompt
+    pair = make_judgment_records("count_shapes", 10, seed=0, mode="pairwise")
+    assert Counter(j.target for j in pair) == {"<answer>A</answer>": 5, "<answer>B</answer>": 5}
+    for j in pair:
+        right = "A" if j.metadata["answer_a"] == j.metadata["ground_truth"] else "B"
+        assert j.target == f"<answer>{right}</answer>" and f"Answer A: {j.metadata['answer_a']}\n" in j.prompt
+
+
+def test_written_records_read_back_pixel_for_pixel(tmp_path):
+    records = make_prompt_records("count_shapes", 5, seed=9) + make_prompt_records("color", 4, seed=9)
+    out = write_prompt_records(records, tmp_path / "syn" / "train.jsonl")
+    assert sorted(p.name for p in (tmp_path / "syn" / "train_images").iterdir())[0] == "000000_count_shapes-9-0_0.png"
+    back, report = read_records(out, max_pixels=None)
+    assert report.skipped == 0 and [r.answer for r in back] == [r.answer for r in records]
+    assert [r.task for r in back] == [r.task for r in records] and back[0].metadata == records[0].metadata
+    assert all(np.array_equal(np.asarray(a.images[0]), np.asarray(b.images[0])) for a, b in zip(back, records))
+    pairs = make_preference_pairs("shape", 3, seed=9)
+    out = write_prompt_records(pairs, tmp_path / "pairs.jsonl")
+    back, _ = read_records(out, kind="preference")
+    assert [(p.chosen, p.rejected) for p in back] == [(p.chosen, p.rejected) for p in pairs]
