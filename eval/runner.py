@@ -1,0 +1,220 @@
+"""The evaluation runner: generate, score with the benchmark's verifier, write samples, metrics and a report.
+
+``evaluate(model, processor_or_tokenizer, records, benchmark, ...)`` is the one entry point, used by
+``vlrft eval`` and by the policy trainer every N steps (it returns the metrics dict; with ``out_dir``
+it also writes ``samples.jsonl``, ``metrics.json`` and ``report.html`` there).
+
+Resuming: each batch's scored problems are appended to ``samples.jsonl`` in one write as soon as the
+batch finishes; a run started again on the same ``out_dir`` skips the ids already there. Batches are
+cut from the record list by position and sampling is seeded per batch (``seed + batch index``), so a
+resumed greedy run reproduces the uninterrupted one exactly (same batch size).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+from data_pipelines.records import PromptRecord
+from eval.benchmarks import Benchmark, get_benchmark
+from eval.generation import Generation, generate
+from eval.metrics import summarize
+from reward_models.verifiers import Verifier, get_verifier
+
+logger = logging.getLogger("eval")
+SAMPLES, METRICS, REPORT, RUN = "samples.jsonl", "metrics.json", "report.html", "run.json"
+
+
+def image_refs(record: PromptRecord) -> list[str]:
+    """How samples.jsonl names a record's images: the path when it has one, else ``<embedded image i>``."""
+    return [im if isinstance(im, str) and not im.startswith("data:") else f"<embedded image {i}>"
+            for i, im in enumerate(record.images)]  # fmt: skip
+
+
+def score_problem(record: PromptRecord, generations: Sequence[Generation | str], verifier: Verifier,
+                  prompt_text: str | None = None) -> dict[str, Any]:  # fmt: skip
+    """One samples.jsonl row: the record, each response with its extracted answer and verdict."""
+    meta = {k: v for k, v in record.metadata.items() if k not in ("response", "answer")}
+    responses = []
+    for g in generations:
+        g = g if isinstance(g, Generation) else Generation(g, None, None)
+        extra = {"response_length": g.num_tokens} if g.num_tokens is not None else {}
+        try:
+            r = verifier(g.text, record.answer, **meta, **extra)
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"record {record.id!r}: {exc}") from exc
+        responses.append({
+            "text": g.text, "extracted": r.extracted, "correct": bool(r.correct), "score": r.score,
+            "format_ok": bool(r.format_ok), "vote_key": verifier.vote_key(r.extracted), "error": r.error,
+            "num_chars": len(g.text), "num_tokens": g.num_tokens, "finish_reason": g.finish_reason,
+        })  # fmt: skip
+    return {"id": record.id, "prompt": prompt_text if prompt_text is not None else record.prompt,
+            "images": image_refs(record), "answer": record.answer,
+            "num_correct": sum(r["correct"] for r in responses), "responses": responses}  # fmt: skip
+
+
+def score_records(records: Sequence[PromptRecord], responses: Sequence[Sequence[str]],
+                  benchmark: str | Benchmark) -> tuple[dict[str, Any], list[dict[str, Any]]]:  # fmt: skip
+    """Score given responses (``responses[i]``: the n responses to ``records[i]``); returns (metrics, rows)."""
+    bench = get_benchmark(benchmark)
+    if len(records) != len(responses):
+        raise ValueError(f"{len(records)} records but {len(responses)} response lists")
+    verifier = get_verifier(bench.verifier)
+    rows = [score_problem(rec, resp, verifier) for rec, resp in zip(records, responses)]
+    return {"benchmark": bench.name, "verifier": bench.verifier, **summarize(rows)}, rows
+
+
+def read_samples(path: Path) -> dict[str, dict[str, Any]]:
+    """Finished problems of an interrupted run. A torn last line (killed mid-write) is cut off the file."""
+    done: dict[str, dict[str, Any]] = {}
+    if not path.is_file():
+        return done
+    data = path.read_bytes()
+    good = 0
+    for line in data.splitlines(keepends=True):
+        if not line.endswith(b"\n"):
+            break
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            break
+        done[row["id"]] = row
+        good += len(line)
+    if good < len(data):
+        logger.warning("%s: dropping a torn last line (%d bytes) left by an interrupted run", path, len(data) - good)
+        with open(path, "r+b") as f:
+            f.truncate(good)
+    return done
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _check_run(out_dir: Path, run: dict[str, Any], resume: bool) -> None:
+    path = out_dir / RUN
+    if resume and path.is_file() and (out_dir / SAMPLES).is_file():
+        old = json.loads(path.read_text())
+        diff = {k: (old.get(k), v) for k, v in run.items() if k != "batch_size" and old.get(k) != v}
+        if diff:
+            raise ValueError(f"{out_dir} holds a run with other settings ({', '.join(f'{k}: {a!r} -> {b!r}' for k, (a, b) in diff.items())}); "
+                             "use another --out or --overwrite")  # fmt: skip
+    elif (out_dir / SAMPLES).exists():
+        (out_dir / SAMPLES).unlink()
+    _write_json(path, run)
+
+
+def evaluate(model: Any, processor_or_tokenizer: Any, records: Sequence[PromptRecord], benchmark: str | Benchmark, *,
+             n: int = 1, temperature: float = 0.0, top_p: float = 1.0, max_new_tokens: int = 512,
+             batch_size: int = 8, seed: int = 0, system_prompt: str | None = None, out_dir: str | Path | None = None,
+             resume: bool = True, report: bool = True, progress: bool = False, image_kwargs: dict[str, Any] | None = None,
+             run_info: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+    """Evaluate ``model`` on ``records`` of ``benchmark``; returns the metrics (see ``eval.metrics.summarize``).
+
+    With ``out_dir``: writes ``samples.jsonl`` (appended per batch), ``metrics.json``, ``report.html``
+    and ``run.json`` (the settings; a resumed run must match them), and with ``resume`` skips problems
+    already in ``samples.jsonl``. Without it nothing is written (the in-training use). Images are
+    loaded by ``data_pipelines.images.load_image(**image_kwargs)``; the default leaves their size to the
+    processor (``max_pixels=None``).
+    """
+    from data_pipelines.formatting import apply_template, build_messages
+
+    bench = get_benchmark(benchmark)
+    verifier = get_verifier(bench.verifier)
+    if n < 1 or batch_size < 1:
+        raise ValueError(f"need n >= 1 and batch_size >= 1, got n={n}, batch_size={batch_size}")
+    ids = [r.id for r in records]
+    if len(set(ids)) != len(ids):
+        dup = next(i for i in ids if ids.count(i) > 1)
+        raise ValueError(f"record ids must be unique (resuming relies on them); {dup!r} appears twice")
+    settings = {"benchmark": bench.name, "verifier": bench.verifier, "prompt_template": bench.prompt_template,
+                "system_prompt": system_prompt, "n": n, "temperature": temperature, "top_p": top_p,
+                "max_new_tokens": max_new_tokens, "seed": seed, "batch_size": batch_size,
+                "num_records": len(records), **(run_info or {})}  # fmt: skip
+    done: dict[str, dict[str, Any]] = {}
+    samples_file = None
+    if out_dir is not None:
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        _check_run(out, settings, resume)
+        done = read_samples(out / SAMPLES) if resume else {}
+        if done:
+            logger.info("%s: resuming, %d of %d problems already done", out, len(done), len(records))
+        samples_file = open(out / SAMPLES, "ab")
+    batches = [list(records[i : i + batch_size]) for i in range(0, len(records), batch_size)]
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(records), initial=sum(r.id in done for r in records), desc=f"eval {bench.name}")
+    try:
+        for index, batch in enumerate(batches):
+            todo = [r for r in batch if r.id not in done]
+            if not todo:
+                continue
+            messages = [build_messages(r, system_prompt=system_prompt, prompt_template=bench.prompt_template,
+                                       image_kwargs=image_kwargs or {"max_pixels": None}) for r in todo]  # fmt: skip
+            gens = generate(model, processor_or_tokenizer, messages, n=n, temperature=temperature, top_p=top_p,
+                            max_new_tokens=max_new_tokens, seed=seed + index)  # fmt: skip
+            rows = [score_problem(r, g, verifier, apply_template(r.prompt, bench.prompt_template))
+                    for r, g in zip(todo, gens)]  # fmt: skip
+            if samples_file is not None:  # one write per batch: a kill leaves whole batches (or one torn line)
+                samples_file.write(b"".join(json.dumps(row, ensure_ascii=False).encode() + b"\n" for row in rows))
+                samples_file.flush()
+            done.update((row["id"], row) for row in rows)
+            if bar is not None:
+                bar.update(len(rows))
+    finally:
+        if samples_file is not None:
+            samples_file.close()
+        if bar is not None:
+            bar.close()
+    rows = [done[i] for i in ids]
+    metrics = {"benchmark": bench.name, "verifier": bench.verifier, **summarize(rows, seed=seed)}
+    if out_dir is not None:
+        _write_json(Path(out_dir) / METRICS, {**metrics, "settings": settings})
+        if report:
+            from eval.report import write_report
+
+            write_report(Path(out_dir) / REPORT, metrics, rows, records, title=f"{bench.name}: {settings.get('model', '')}")
+    return metrics
+
+
+def load_policy(model: str | Path, *, device: str = "cpu", dtype: str | None = None) -> tuple[Any, Any]:
+    """(model, processor or tokenizer) from an HF model folder, a ``train-policy`` checkpoint folder
+    (its ``hf/`` export is used) or a hub id (only when online)."""
+    import torch
+    from transformers import AutoConfig
+
+    import vlrft.models  # noqa: F401  registers the image-only processors
+
+    path = Path(model).expanduser()
+    if path.exists():
+        if (path / "hf" / "config.json").is_file():
+            path = path / "hf"
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"--model {model}: no config.json there (nor in its hf/ subfolder); want an HF "
+                                    "model folder or a train-policy checkpoint folder")  # fmt: skip
+        name: str | Path = path
+    else:
+        if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
+            raise FileNotFoundError(f"--model {model}: no such folder, and hub ids need the network (HF_HUB_OFFLINE is set)")
+        name = str(model)
+    config = AutoConfig.from_pretrained(name)
+    kwargs = {"dtype": getattr(torch, dtype)} if dtype else {}
+    if getattr(config, "vision_config", None) is not None:
+        from transformers import AutoModelForImageTextToText, AutoProcessor
+
+        policy = AutoModelForImageTextToText.from_pretrained(name, **kwargs)
+        processor = AutoProcessor.from_pretrained(name)
+    else:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        policy = AutoModelForCausalLM.from_pretrained(name, **kwargs)
+        processor = AutoTokenizer.from_pretrained(name)
+    return policy.to(device).eval(), processor
