@@ -9,6 +9,7 @@ structured configs, so unknown keys and wrong types are refused, and reports eve
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import typing
@@ -36,9 +37,7 @@ def option(default: Any = dataclasses.MISSING, help: str = "", choices: tuple | 
     if default is not dataclasses.MISSING and (
         isinstance(default, (list, dict)) or dataclasses.is_dataclass(default)
     ):
-        factory = (lambda d=default: type(d)(**dataclasses.asdict(d))) if dataclasses.is_dataclass(default) else (
-            lambda d=default: type(d)(d)
-        )
+        factory = lambda d=default: copy.deepcopy(d)  # noqa: E731
         return dataclasses.field(default_factory=factory, metadata=metadata, **kwargs)
     return dataclasses.field(default=default, metadata=metadata, **kwargs)
 

@@ -16,7 +16,7 @@ from functools import lru_cache
 from pathlib import Path
 
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (
     AutoModelForCausalLM,
     AutoModelForImageTextToText,
@@ -122,7 +122,7 @@ def _trained_bpe(vocab_size: int) -> tuple[dict[str, int], list[tuple[str, str]]
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence(
         [
-            pre_tokenizers.Split(QWEN_SPLIT_PATTERN, behavior="isolated"),
+            pre_tokenizers.Split(Regex(QWEN_SPLIT_PATTERN), behavior="isolated"),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
         ]
     )

@@ -1,0 +1,123 @@
+"""Collation for Qwen-VL (and text-only Qwen) policies.
+
+A prompt is encoded ONCE (chat template, image preprocessing) into an :class:`EncodedPrompt`; the n
+samples of its group refer to it by index and share its image tensors. Two batch layouts:
+
+- :func:`collate_prompts`: left-padded prompt batches for generation;
+- :func:`collate_sequences`: right-padded prompt+response batches for training, with the attention
+  mask, the action (response) mask, and each sample's ``pixel_values`` / ``image_grid_thw`` in batch
+  order. Qwen-VL's multimodal rope position ids are computed by the model from ``input_ids``,
+  ``image_grid_thw`` and the attention mask, so padding on either side gives each sample the positions
+  it has alone (checked against the model in tests/test_collate.py).
+
+A text-only sample is a sample with no images: it goes through the same functions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from data_pipelines.formatting import build_messages
+
+
+@dataclass
+class EncodedPrompt:
+    """One prompt after chat formatting and image preprocessing."""
+
+    input_ids: torch.Tensor  # [L] int64, no padding
+    pixel_values: torch.Tensor | None = None  # [patches, dim] for all of the prompt's images
+    image_grid_thw: torch.Tensor | None = None  # [images, 3]
+
+    @property
+    def num_images(self) -> int:
+        return 0 if self.image_grid_thw is None else int(self.image_grid_thw.shape[0])
+
+
+def tokenizer_of(processor: Any) -> Any:
+    """The tokenizer inside a processor (or the tokenizer itself for text-only models)."""
+    return getattr(processor, "tokenizer", processor)
+
+
+def encode_prompt(
+    processor: Any, record: Any, *, system_prompt: str | None = None, prompt_template: str | None = None
+) -> EncodedPrompt:
+    """Chat-format and preprocess one prompt record (images included) for generation."""
+    messages = build_messages(record, system_prompt=system_prompt, prompt_template=prompt_template)
+    enc = processor.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=True, return_dict=True, return_tensors="pt"
+    )
+    pixel_values = enc.get("pixel_values")
+    if pixel_values is not None and pixel_values.numel() == 0:
+        pixel_values = None
+    grid = enc.get("image_grid_thw") if pixel_values is not None else None
+    return EncodedPrompt(input_ids=enc["input_ids"][0].long(), pixel_values=pixel_values, image_grid_thw=grid)
+
+
+def _cat_images(prompts: list[EncodedPrompt]) -> dict[str, torch.Tensor]:
+    with_images = [p for p in prompts if p.pixel_values is not None]
+    if not with_images:
+        return {}
+    return {
+        "pixel_values": torch.cat([p.pixel_values for p in with_images]),
+        "image_grid_thw": torch.cat([p.image_grid_thw for p in with_images]),
+    }
+
+
+def collate_prompts(prompts: list[EncodedPrompt], pad_token_id: int) -> dict[str, torch.Tensor]:
+    """Left-padded prompt batch for generation (``input_ids``, ``attention_mask``, images)."""
+    width = max(p.input_ids.numel() for p in prompts)
+    ids = torch.full((len(prompts), width), pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        n = p.input_ids.numel()
+        ids[i, width - n :] = p.input_ids
+        mask[i, width - n :] = 1
+    return {"input_ids": ids, "attention_mask": mask, **_cat_images(prompts)}
+
+
+def collate_sequences(
+    prompts: list[EncodedPrompt],
+    prompt_index: list[int],
+    responses: list[torch.Tensor],
+    pad_token_id: int,
+) -> dict[str, torch.Tensor]:
+    """Right-padded training batch of prompt + response for samples ``i`` of prompt ``prompt_index[i]``.
+
+    Returns ``input_ids``, ``attention_mask``, ``action_mask`` (1 on response tokens, aligned with
+    ``input_ids``), ``prompt_lengths`` [N], ``response_lengths`` [N], ``images_per_sample`` [N] and the
+    samples' images (``pixel_values``, ``image_grid_thw`` in sample order).
+    """
+    if len(prompt_index) != len(responses):
+        raise ValueError(f"{len(prompt_index)} prompt indices for {len(responses)} responses")
+    lengths = [prompts[j].input_ids.numel() + r.numel() for j, r in zip(prompt_index, responses)]
+    width = max(lengths)
+    n = len(responses)
+    ids = torch.full((n, width), pad_token_id, dtype=torch.long)
+    attn = torch.zeros((n, width), dtype=torch.long)
+    action = torch.zeros((n, width), dtype=torch.long)
+    for i, (j, r) in enumerate(zip(prompt_index, responses)):
+        p = prompts[j].input_ids
+        ids[i, : p.numel()] = p
+        ids[i, p.numel() : lengths[i]] = r
+        attn[i, : lengths[i]] = 1
+        action[i, p.numel() : lengths[i]] = 1
+    return {
+        "input_ids": ids,
+        "attention_mask": attn,
+        "action_mask": action,
+        "prompt_lengths": torch.tensor([prompts[j].input_ids.numel() for j in prompt_index]),
+        "response_lengths": torch.tensor([r.numel() for r in responses]),
+        "images_per_sample": torch.tensor([prompts[j].num_images for j in prompt_index]),
+        **_cat_images([prompts[j] for j in prompt_index]),
+    }
+
+
+MODEL_INPUT_KEYS = ("input_ids", "attention_mask", "pixel_values", "image_grid_thw")
+
+
+def model_inputs(batch: dict[str, torch.Tensor], device: torch.device | str | None = None) -> dict[str, torch.Tensor]:
+    """The keys of ``batch`` that the model's forward takes, moved to ``device``."""
+    return {k: (v.to(device) if device is not None else v) for k, v in batch.items() if k in MODEL_INPUT_KEYS}

@@ -1,0 +1,65 @@
+"""The hf rollout engine: vision once per unique prompt, same tokens as plain generate, stop handling."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from PIL import Image
+
+from data_pipelines.collate import collate_prompts, encode_prompt
+from data_pipelines.records import PromptRecord
+from vlrft.rollout import SamplingParams, make_engine
+
+
+@pytest.fixture(scope="module")
+def vl(tiny_model):
+    import vlrft.models  # noqa: F401
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    path = tiny_model("qwen2_5_vl")
+    return AutoModelForImageTextToText.from_pretrained(path).eval(), AutoProcessor.from_pretrained(path)
+
+
+def _prompts(proc):
+    recs = [
+        PromptRecord(id="a", prompt="What colour? <image>", images=[Image.new("RGB", (56, 84), (255, 0, 0))]),
+        PromptRecord(id="b", prompt="Text only."),
+        PromptRecord(id="c", prompt="<image> and <image>", images=[Image.new("RGB", (112, 112), (0, 0, 255)),
+                                                                  Image.new("RGB", (56, 56), (0, 255, 0))]),
+    ]  # fmt: skip
+    return [encode_prompt(proc, r) for r in recs]
+
+
+def test_embed_once_matches_plain_generate_greedy(vl):
+    model, proc = vl
+    prompts = _prompts(proc)
+    engine = make_engine("hf", model, proc)
+    assert engine.embed_once
+    once = engine.generate(prompts, SamplingParams(n=2, temperature=0, max_new_tokens=5))
+    engine.embed_once = False
+    plain = engine.generate(prompts, SamplingParams(n=2, temperature=0, max_new_tokens=5))
+    assert [r.prompt_index for r in once] == [0, 0, 1, 1, 2, 2]
+    assert [r.response_ids.tolist() for r in once] == [r.response_ids.tolist() for r in plain]
+    # and the same as HF generate on the left-padded batch
+    batch = collate_prompts(prompts, proc.tokenizer.pad_token_id)
+    with torch.no_grad():
+        ref = model.generate(**batch, do_sample=False, max_new_tokens=5)[:, batch["input_ids"].shape[1] :]
+    for i in range(3):
+        got = once[2 * i].response_ids.tolist()
+        assert got == ref[i, : len(got)].tolist()
+
+
+def test_sampling_is_seeded_and_lengths_respect_limits(vl):
+    model, proc = vl
+    prompts = _prompts(proc)
+    engine = make_engine("hf", model, proc)
+    torch.manual_seed(3)
+    a = engine.generate(prompts, SamplingParams(n=3, temperature=1.0, max_new_tokens=6))
+    torch.manual_seed(3)
+    b = engine.generate(prompts, SamplingParams(n=3, temperature=1.0, max_new_tokens=6))
+    assert [x.response_ids.tolist() for x in a] == [x.response_ids.tolist() for x in b]
+    assert len({tuple(x.response_ids.tolist()) for x in a}) > 3  # samples of a group differ
+    for x in a:
+        assert 1 <= x.response_ids.numel() <= 6
+        assert (x.finish_reason == "stop") == (x.response_ids[-1].item() in engine.eos_ids)
+        assert not set(x.response_ids.tolist()) & set(engine.suppress)  # no vision placeholders generated

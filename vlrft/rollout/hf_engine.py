@@ -1,0 +1,139 @@
+"""The ``hf`` rollout engine: batched ``generate`` on the policy module itself (in-process weights).
+
+Images of a prompt are preprocessed once (the :class:`EncodedPrompt`) and, for Qwen2-VL/Qwen2.5-VL on
+an unsharded model, the vision encoder also runs once per unique prompt: the prompt's input
+embeddings (text + image features) are built once and repeated for its n samples. Sharded models
+(FSDP2, ZeRO-3) generate through the root module in lockstep (``synced_gpus``) instead.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+
+from data_pipelines.collate import EncodedPrompt, collate_prompts, tokenizer_of
+from vlrft.rollout import Rollout, SamplingParams
+
+_EMBED_ONCE_TYPES = ("qwen2_vl", "qwen2_5_vl")
+_VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>")
+
+
+class HFRolloutEngine:
+    def __init__(self, model: torch.nn.Module, processor, *, synced: bool = False, micro_batch_size: int = 16):
+        self.model = model
+        self.processor = processor
+        self.tokenizer = tokenizer_of(processor)
+        self.synced = synced
+        self.micro_batch_size = micro_batch_size
+        cfg = model.config
+        self.eos_ids = [cfg.get_text_config().eos_token_id] if hasattr(cfg, "get_text_config") else [cfg.eos_token_id]
+        self.eos_ids = [i for i in self.eos_ids if i is not None]
+        self.pad_id = self.tokenizer.pad_token_id
+        self.embed_once = getattr(cfg, "model_type", "") in _EMBED_ONCE_TYPES and not synced
+        # a response must never contain vision placeholders (the model would expect image features for them)
+        vocab = self.tokenizer.get_vocab()
+        self.suppress = [vocab[t] for t in _VISION_TOKENS if t in vocab]
+        self.merge_area = getattr(getattr(processor, "image_processor", None), "merge_size", 2) ** 2
+
+    def update_weights(self, named_params: Iterable[tuple[str, torch.Tensor]] | None = None) -> None:
+        """In-process engine: it generates with the training module, so it already has the weights."""
+
+    def sleep(self) -> None:  # nothing held beyond the training module
+        pass
+
+    def wake(self) -> None:
+        pass
+
+    def _inputs(self, batch: dict[str, torch.Tensor], n: int, device) -> dict[str, torch.Tensor]:
+        rep = {k: v.to(device) for k, v in batch.items()}
+        if "pixel_values" in rep and self.embed_once:
+            inner = self.model.model
+            embeds = self.model.get_input_embeddings()(rep["input_ids"])
+            feats = inner.get_image_features(pixel_values=rep["pixel_values"], image_grid_thw=rep["image_grid_thw"])
+            feats = getattr(feats, "pooler_output", feats)
+            feats = torch.cat(list(feats)) if isinstance(feats, (list, tuple)) else feats
+            image_mask = rep["input_ids"] == self.model.config.image_token_id
+            embeds = embeds.masked_scatter(image_mask.unsqueeze(-1), feats.to(embeds.dtype))
+            grid_per_prompt = _split_grids(rep["input_ids"], rep["image_grid_thw"], self.model.config.image_token_id, self.merge_area)
+            out = {
+                "input_ids": rep["input_ids"].repeat_interleave(n, 0),
+                "inputs_embeds": embeds.repeat_interleave(n, 0),
+                "attention_mask": rep["attention_mask"].repeat_interleave(n, 0),
+                "image_grid_thw": torch.cat([g for g in grid_per_prompt for _ in range(n)]),
+            }
+            return out
+        out = {"input_ids": rep["input_ids"].repeat_interleave(n, 0), "attention_mask": rep["attention_mask"].repeat_interleave(n, 0)}
+        if "pixel_values" in rep:  # repeat each prompt's patches for its n samples
+            grids = _split_grids(rep["input_ids"], rep["image_grid_thw"], self.model.config.image_token_id, self.merge_area)
+            sizes = [int(g.prod(-1).sum()) for g in grids]
+            pv = rep["pixel_values"].split(sizes)
+            out["pixel_values"] = torch.cat([p for p in pv for _ in range(n)])
+            out["image_grid_thw"] = torch.cat([g for g in grids for _ in range(n)])
+        return out
+
+    @torch.no_grad()
+    def generate(self, prompts: list[EncodedPrompt], sampling: SamplingParams) -> list[Rollout]:
+        model = self.model
+        was_training = model.training
+        model.eval()
+        device = next(model.parameters()).device
+        rollouts: list[Rollout] = []
+        try:
+            for start in range(0, len(prompts), self.micro_batch_size):
+                chunk = prompts[start : start + self.micro_batch_size]
+                batch = collate_prompts(chunk, self.pad_id)
+                inputs = self._inputs(batch, sampling.n, device)
+                width = batch["input_ids"].shape[1]
+                kwargs = dict(
+                    max_new_tokens=sampling.max_new_tokens,
+                    eos_token_id=self.eos_ids,
+                    pad_token_id=self.pad_id,
+                    synced_gpus=self.synced,
+                    use_cache=True,
+                    suppress_tokens=self.suppress or None,
+                )
+                if sampling.temperature > 0:
+                    kwargs.update(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p,
+                                  top_k=sampling.top_k or None)  # fmt: skip
+                else:
+                    kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+                if sampling.stop:
+                    kwargs.update(stop_strings=list(sampling.stop), tokenizer=self.tokenizer)
+                out = model.generate(**inputs, **kwargs)
+                new = out[:, width:].cpu()
+                for row in range(new.shape[0]):
+                    rollouts.append(self._finish(start + row // sampling.n, new[row], sampling))
+        finally:
+            model.train(was_training)
+        return rollouts
+
+    def _finish(self, prompt_index: int, tokens: torch.Tensor, sampling: SamplingParams) -> Rollout:
+        ids = tokens.tolist()
+        reason = "length"
+        for pos, tok in enumerate(ids):
+            if tok in self.eos_ids:
+                ids, reason = ids[: pos + 1], "stop"
+                break
+        else:
+            while ids and ids[-1] == self.pad_id and self.pad_id not in self.eos_ids:
+                ids.pop()
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        if reason == "length" and sampling.stop and any(text.endswith(s) for s in sampling.stop):
+            reason = "stop"
+        return Rollout(prompt_index, torch.tensor(ids, dtype=torch.long), text, reason)
+
+
+def _split_grids(input_ids: torch.Tensor, grid: torch.Tensor, image_token_id: int, merge_area: int) -> list[torch.Tensor]:
+    """``image_grid_thw`` rows belonging to each prompt of a batch (prompts may have 0..k images)."""
+    per_image_tokens = (grid.prod(-1) // merge_area).tolist()
+    counts = (input_ids == image_token_id).sum(-1).tolist()
+    out, i = [], 0
+    for c in counts:
+        k, total = 0, 0
+        while total < c:
+            total += per_image_tokens[i + k]
+            k += 1
+        out.append(grid[i : i + k])
+        i += k
+    return out

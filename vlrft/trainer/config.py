@@ -1,0 +1,162 @@
+"""Typed config of ``vlrft train-policy`` (YAML file + ``key.sub=value`` overrides).
+
+Knob names follow the peers (OpenRLHF / verl / TRL): ``rollout.rollout_batch_size``,
+``rollout.n_samples_per_prompt``, ``train.train_batch_size``, ``train.micro_train_batch_size``,
+``train.max_epochs``, ``train.num_episodes``, ``algorithm.advantage_estimator``, ``algorithm.kl_coef`` ...
+Every field's help text is printed by ``vlrft train-policy --help``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from reward_models.pool import RewardPoolConfig, RewardSourceConfig
+from vlrft.algorithms import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, LOSS_AGG_MODES, POLICY_LOSSES
+from vlrft.archs import ARCHS
+from vlrft.config import option
+from vlrft.strategies.base import OptimConfig, StrategyConfig
+
+SYNTHETIC_PREFIX = "synthetic:"
+
+# The embedded default: one rule verifier that reads the answer word of a synthetic task's response.
+DEFAULT_REWARD = RewardPoolConfig(sources=[RewardSourceConfig(name="accuracy", kind="verifier", verifier="vocab_answer")])
+
+
+@dataclass
+class PolicyModelConfig:
+    """The policy to train."""
+
+    path: str = option("", "HF model folder or hub id (hub only when online); empty: build a tiny model")
+    tiny_arch: str = option("qwen2_5_vl", "architecture of the tiny model built when path is empty", choices=ARCHS)
+    tiny_hidden: int = option(64, "hidden size of that tiny model")
+    tiny_layers: int = option(2, "decoder layers of that tiny model")
+    dtype: str = option("float32", "parameter dtype when loading", choices=("float32", "bfloat16"))
+
+
+@dataclass
+class PolicyDataConfig:
+    """Prompt records for training and held-out evaluation."""
+
+    train_source: str = option(
+        "synthetic:color",
+        "prompt records (JSONL/JSON/Parquet/CSV/datasets folder/hub id) or synthetic:TASK "
+        "(color, shape, count_shapes, triangle_angle)",
+    )
+    eval_source: str = option("synthetic:color", "held-out prompt records (same forms); empty: no held-out eval")
+    synthetic_train_size: int = option(1024, "prompts drawn for a synthetic train_source")
+    synthetic_eval_size: int = option(64, "prompts drawn for a synthetic eval_source (another seed)")
+    synthetic_options: dict = option({}, "options of the synthetic task, e.g. {num_colors: 4}")
+    system_prompt: str = option("", "system prompt for records without one (empty: the chat template's)")
+    prompt_template: str = option("plain", "name in PROMPT_TEMPLATES (plain, math_boxed, gsm8k, ...) or a "
+                                  "format string with {prompt}")  # fmt: skip
+    max_prompt_length: int = option(2048, "longer prompts (image tokens included) are filtered, counted")
+    on_bad_record: str = option("error", "a bad record stops the run (error) or is counted and skipped",
+                                choices=("error", "skip"))  # fmt: skip
+    column_map: dict = option({}, "source column -> record field, e.g. {problem: prompt}")
+
+
+@dataclass
+class RolloutConfig:
+    """Sampling of responses."""
+
+    engine: str = option("hf", "rollout engine (hf: batched generate on the policy itself)", choices=("hf",))
+    rollout_batch_size: int = option(16, "prompts per RL step (global, over all ranks)")
+    n_samples_per_prompt: int = option(8, "responses sampled per prompt (the group size)")
+    micro_rollout_batch_size: int = option(16, "prompts per generate call per rank")
+    temperature: float = option(1.0, "sampling temperature (0: greedy)")
+    top_p: float = option(1.0, "nucleus sampling threshold")
+    top_k: int = option(0, "top-k filtering (0: off)")
+    max_new_tokens: int = option(16, "response length limit")
+    stop: list = option([], "stop strings (kept in the response)")
+
+
+@dataclass
+class AlgorithmConfig:
+    """Advantages, policy loss, KL and reward shaping (see docs/algorithms.md)."""
+
+    advantage_estimator: str = option("grpo", "advantage estimator", choices=tuple(ADVANTAGE_ESTIMATORS))
+    std_normalization: str = option("", "grpo/cpgd: divide by the std over the group, the batch, or none "
+                                    "(Dr.GRPO); empty: the estimator's default", choices=("", "group", "batch", "none"))  # fmt: skip
+    policy_loss: str = option("ppo", "policy loss", choices=tuple(POLICY_LOSSES))
+    clip_low: float = option(0.2, "lower clip range: ratio >= 1 - clip_low")
+    clip_high: float = option(0.2, "upper clip range: ratio <= 1 + clip_high (DAPO clip-higher: 0.28)")
+    dual_clip: float = option(0.0, "dual-clip constant c > 1 for negative advantages (0: off; ppo only)")
+    loss_agg_mode: str = option("token-mean", "how per-token losses become one loss", choices=LOSS_AGG_MODES)
+    kl_coef: float = option(0.0, "KL weight (0: no reference model is loaded)")
+    kl_estimator: str = option("k3", "KL estimator", choices=KL_ESTIMATORS)
+    use_kl_loss: bool = option(True, "KL as a loss term (GRPO); false: as a per-token reward penalty (PPO)")
+    kl_target: float = option(0.0, "adaptive KL controller target (0: fixed kl_coef)")
+    kl_horizon: int = option(10000, "adaptive KL controller horizon")
+    entropy_coef: float = option(0.0, "entropy bonus weight")
+    gamma: float = option(1.0, "discount (gae, reinforce_plus_plus)")
+    lam: float = option(1.0, "GAE lambda")
+    value_clip: float = option(0.2, "value-loss clip range (ppo with critic)")
+    value_coef: float = option(0.5, "value-loss weight (ppo with critic)")
+    dynamic_sampling: bool = option(False, "DAPO: drop zero-variance groups and draw more prompts")
+    max_sampling_tries: int = option(4, "DAPO: generation rounds per step before training on what is kept")
+    overlong_buffer_len: int = option(0, "DAPO soft overlong punishment buffer (0: off)")
+    overlong_penalty_factor: float = option(1.0, "DAPO overlong penalty at the length limit")
+    reward_clip: float = option(0.0, "clip rewards to [-c, c] (0: off)")
+    normalize_rewards: bool = option(False, "running mean/std reward normalisation")
+    high_entropy_rho: float = option(1.0, "train only on the top rho fraction of tokens by entropy (1: all)")
+    policy_drift_coef: float = option(0.1, "CPGD policy-drift weight")
+
+
+@dataclass
+class PolicyTrainLoopConfig:
+    """Loop, evaluation, checkpoints."""
+
+    output_dir: str = option("runs/train-policy", "run folder: config, metrics, samples, checkpoints, final model")
+    num_episodes: int = option(1, "passes over the training prompts")
+    max_steps: int = option(60, "RL steps (0: num_episodes over the data)")
+    train_batch_size: int = option(0, "samples per optimizer step, global (0: the whole rollout batch: one "
+                                   "on-policy update)")  # fmt: skip
+    micro_train_batch_size: int = option(32, "samples per forward/backward per rank")
+    max_epochs: int = option(1, "passes over each rollout batch (PPO epochs)")
+    eval_every: int = option(20, "held-out evaluation every N steps (0: only before and after)")
+    eval_temperature: float = option(0.0, "held-out evaluation temperature (0: greedy)")
+    save_every: int = option(0, "checkpoint every N steps (0: only at the end)")
+    keep_last: int = option(2, "checkpoints kept")
+    resume: str = option("auto", "auto: newest complete checkpoint in output_dir; never; or a checkpoint path")
+    log_samples: int = option(4, "trajectories written to samples.jsonl per step")
+    accuracy_source: str = option("", "reward source whose score > 0.5 counts as correct (empty: the first "
+                                  "verifier source)")  # fmt: skip
+    seed: int = option(0, "seed of data order and sampling")
+
+
+@dataclass
+class PolicyLoggingConfig:
+    """Where metrics go (rank 0)."""
+
+    tensorboard: bool = option(True, "TensorBoard event files under output_dir/tensorboard")
+    wandb: str = option("disabled", "wandb mode", choices=("offline", "online", "disabled"))
+    wandb_project: str = option("vlrft-policy", "wandb project")
+    progress_bar: bool = option(True, "tqdm progress bar with ETA")
+
+
+@dataclass
+class PolicyTrainConfig:
+    """``vlrft train-policy``: RL fine-tuning of a Qwen-VL (or text Qwen) policy."""
+
+    model: PolicyModelConfig = option(PolicyModelConfig(), "the policy")
+    data: PolicyDataConfig = option(PolicyDataConfig(), "prompt records")
+    rollout: RolloutConfig = option(RolloutConfig(), "sampling")
+    algorithm: AlgorithmConfig = option(AlgorithmConfig(), "RL algorithm")
+    reward: RewardPoolConfig = option(DEFAULT_REWARD, "reward pool: weighted sources, per-task recipes")
+    optim: OptimConfig = option(OptimConfig(lr=1e-6), "AdamW and learning-rate schedule")
+    strategy: StrategyConfig = option(StrategyConfig(), "single process, FSDP2 or DeepSpeed")
+    train: PolicyTrainLoopConfig = option(PolicyTrainLoopConfig(), "loop, evaluation, checkpoints")
+    logging: PolicyLoggingConfig = option(PolicyLoggingConfig(), "TensorBoard, wandb, progress bar")
+
+    def validate(self) -> None:
+        r, t = self.rollout, self.train
+        if r.n_samples_per_prompt < 1 or r.rollout_batch_size < 1:
+            raise ValueError("rollout.n_samples_per_prompt and rollout.rollout_batch_size must be >= 1")
+        total = r.rollout_batch_size * r.n_samples_per_prompt
+        if t.train_batch_size and total % t.train_batch_size:
+            raise ValueError(
+                f"train.train_batch_size={t.train_batch_size} must divide rollout_batch_size x "
+                f"n_samples_per_prompt = {total}"
+            )
+        if self.algorithm.dual_clip and self.algorithm.dual_clip <= 1:
+            raise ValueError(f"algorithm.dual_clip must be > 1 (or 0 for off), got {self.algorithm.dual_clip}")

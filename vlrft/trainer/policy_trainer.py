@@ -1,0 +1,452 @@
+"""The policy trainer: one RL loop, readable top to bottom (``PolicyTrainer.fit``).
+
+Per step: draw ``rollout_batch_size`` prompts (this rank's share) -> encode each prompt once -> the
+engine samples ``n_samples_per_prompt`` responses -> the reward pool scores them -> (DAPO) drop
+zero-variance groups and draw more -> reference / old log-probs where needed -> advantages over the
+global batch -> ``max_epochs`` passes of mini-batch updates with micro-batches, losses aggregated over
+the global token count -> optimizer step -> the engine gets the new weights. Metrics, trajectories,
+checkpoints and held-out evaluation happen around it.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from data_pipelines.collate import collate_sequences, encode_prompt, tokenizer_of
+from data_pipelines.records import PromptRecord
+from vlrft.algorithms import (
+    AdaptiveKLController,
+    FixedKLController,
+    RunningRewardNormalizer,
+    aggregate_loss,
+    apply_kl_penalty,
+    clip_rewards,
+    compute_advantages,
+    compute_policy_loss,
+    filter_zero_variance_groups,
+    global_sequence_count,
+    global_token_count,
+    high_entropy_mask,
+    kl_penalty,
+    overlong_penalty,
+)
+from vlrft.rollout import SamplingParams, make_engine
+from vlrft.strategies import Strategy, rng_state, set_rng_state
+from vlrft.trainer.checkpoints import latest_checkpoint, prune_checkpoints
+from vlrft.trainer.config import PolicyTrainConfig
+from vlrft.trainer.experience import Experience, response_logprobs, response_tensors
+
+
+class PolicyTrainer:
+    def __init__(
+        self,
+        cfg: PolicyTrainConfig,
+        strategy: Strategy,
+        model: torch.nn.Module,
+        processor: Any,
+        train_records: list[PromptRecord],
+        reward_pool: Any,
+        *,
+        eval_records: list[PromptRecord] | None = None,
+        ref_model: torch.nn.Module | None = None,
+        tracker: Any = None,
+        evaluate_fn: Any = None,
+    ):
+        self.cfg, self.strategy, self.processor = cfg, strategy, processor
+        self.tokenizer = tokenizer_of(processor)
+        self.pad_id = self.tokenizer.pad_token_id
+        self.train_records, self.eval_records = train_records, eval_records or []
+        self.reward_pool, self.ref_model, self.tracker = reward_pool, ref_model, tracker
+        self.evaluate_fn = evaluate_fn
+        r = cfg.rollout
+        self.steps_per_episode = max(1, len(train_records) // r.rollout_batch_size)
+        self.total_steps = cfg.train.max_steps or self.steps_per_episode * cfg.train.num_episodes
+        self.model, self.optimizer, self.scheduler = strategy.prepare(model, total_steps=self.total_steps * self._updates_per_step())
+        self.train_module = getattr(strategy, "engine", None) or self.model
+        self.engine = make_engine(r.engine, strategy.unwrap(), processor, synced=strategy.shards_parameters,
+                                  micro_batch_size=r.micro_rollout_batch_size)  # fmt: skip
+        a = cfg.algorithm
+        self.kl_ctl = (AdaptiveKLController(a.kl_coef, a.kl_target, a.kl_horizon) if a.kl_target > 0
+                       else FixedKLController(a.kl_coef))  # fmt: skip
+        self.normalizer = RunningRewardNormalizer() if a.normalize_rewards else None
+        self.step = 0
+        self.cursor = 0  # prompts consumed so far (global), defines the data position
+        self.history: list[dict[str, float]] = []
+        self.out = Path(cfg.train.output_dir)
+
+    # ----------------------------------------------------------------------------- data order
+    def _updates_per_step(self) -> int:
+        total = self.cfg.rollout.rollout_batch_size * self.cfg.rollout.n_samples_per_prompt
+        per_epoch = total // (self.cfg.train.train_batch_size or total)
+        return per_epoch * self.cfg.train.max_epochs
+
+    def _order(self, episode: int) -> list[int]:
+        g = torch.Generator().manual_seed(self.cfg.train.seed * 1_000_003 + episode)
+        return torch.randperm(len(self.train_records), generator=g).tolist()
+
+    def _next_prompts(self, count: int) -> list[PromptRecord]:
+        """The next ``count`` prompts of the global stream; returns this rank's share."""
+        n = len(self.train_records)
+        picked = []
+        for k in range(self.cursor, self.cursor + count):
+            episode, offset = divmod(k, n)
+            if offset == 0 or not hasattr(self, "_order_cache") or self._order_cache[0] != episode:
+                self._order_cache = (episode, self._order(episode))
+            picked.append(self.train_records[self._order_cache[1][offset]])
+        self.cursor += count
+        s = self.strategy
+        return picked[s.rank :: s.world_size]
+
+    # ----------------------------------------------------------------------------- experience
+    def _sample(self, records: list[PromptRecord], sampling: SamplingParams):
+        prompts = [encode_prompt(self.processor, rec, system_prompt=self.cfg.data.system_prompt or None,
+                                 prompt_template=self.cfg.data.prompt_template) for rec in records]  # fmt: skip
+        rollouts = self.engine.generate(prompts, sampling)
+        return prompts, rollouts
+
+    def _score(self, records: list[PromptRecord], rollouts) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict]:
+        recs = [records[r.prompt_index] for r in rollouts]
+        out = self.reward_pool.score(recs, [r.text for r in rollouts])
+        return out.combined.float(), {k: v.float() for k, v in out.per_source.items()}, dict(out.metrics)
+
+    def make_experience(self, metrics: dict[str, float]) -> Experience:
+        cfg, a, r = self.cfg, self.cfg.algorithm, self.cfg.rollout
+        sampling = SamplingParams(n=r.n_samples_per_prompt, temperature=r.temperature, top_p=r.top_p,
+                                  top_k=r.top_k, max_new_tokens=r.max_new_tokens, stop=list(r.stop))  # fmt: skip
+        per_rank = r.rollout_batch_size // self.strategy.world_size
+        records, prompts, rollouts, rewards, per_source = [], [], [], [], {}
+        tries, t0 = 0, time.perf_counter()
+        t_reward = 0.0
+        while True:
+            tries += 1
+            need = per_rank - len(records) if a.dynamic_sampling else per_rank
+            need = int(self.strategy.all_reduce(torch.tensor(float(need)), "max"))  # ranks draw in step
+            new_records = self._next_prompts(need * self.strategy.world_size)
+            new_prompts, new_rollouts = self._sample(new_records, sampling)
+            t1 = time.perf_counter()
+            combined, sources, pool_metrics = self._score(new_records, new_rollouts)
+            t_reward += time.perf_counter() - t1
+            if a.dynamic_sampling:  # DAPO: keep only groups whose rewards differ
+                gids = torch.tensor([x.prompt_index for x in new_rollouts])
+                keep, _ = filter_zero_variance_groups(combined, gids)
+                kept_groups = sorted({int(g) for g in gids[keep]})[: per_rank - len(records)]
+                sel = torch.tensor([int(g) in kept_groups for g in gids])
+                remap = {g: len(records) + i for i, g in enumerate(kept_groups)}
+                new_records = [new_records[g] for g in kept_groups]
+                new_prompts = [new_prompts[g] for g in kept_groups]
+                new_rollouts = [x for x, s in zip(new_rollouts, sel.tolist()) if s]
+                for x in new_rollouts:
+                    x.prompt_index = remap[x.prompt_index]
+                combined, sources = combined[sel], {k: v[sel] for k, v in sources.items()}
+            else:
+                for x in new_rollouts:
+                    x.prompt_index += len(records)
+            records += new_records
+            prompts += new_prompts
+            rollouts += new_rollouts
+            rewards.append(combined)
+            for k, v in sources.items():
+                per_source.setdefault(k, []).append(v)
+            metrics.update({f"reward_pool/{k}": v for k, v in pool_metrics.items()})
+            if not a.dynamic_sampling:
+                break
+            filled = self.strategy.all_reduce(torch.tensor(float(len(records) >= per_rank)), "mean")
+            if float(filled) == 1.0 or tries >= a.max_sampling_tries:
+                break
+        if float(self.strategy.all_reduce(torch.tensor(float(len(rollouts) == 0)), "max")):
+            raise RuntimeError(
+                f"dynamic sampling kept no group in {tries} tries: every group had zero reward variance "
+                "(all right or all wrong). Raise algorithm.max_sampling_tries or turn dynamic_sampling off."
+            )
+        metrics["dynamic_sampling/tries"] = float(tries)
+        metrics["time/rollout"] = time.perf_counter() - t0 - t_reward
+        metrics["time/reward"] = t_reward
+        per_source_t = {k: torch.cat(v) for k, v in per_source.items()}
+        return self.experience_from(records, prompts, rollouts, torch.cat(rewards), per_source_t, metrics)
+
+    def experience_from(self, records, prompts, rollouts, rewards_t: torch.Tensor,
+                        per_source_t: dict[str, torch.Tensor], metrics: dict[str, float]) -> Experience:  # fmt: skip
+        """Log-probs, shaping and advantages for scored rollouts of ``prompts`` (this rank's share)."""
+        a, r = self.cfg.algorithm, self.cfg.rollout
+        # training tensors
+        responses = [x.response_ids for x in rollouts]
+        batch = collate_sequences(prompts, [x.prompt_index for x in rollouts], responses, self.pad_id)
+        response_ids, response_mask = response_tensors(responses, self.pad_id)
+        group_ids = torch.tensor([x.prompt_index for x in rollouts])
+
+        t0 = time.perf_counter()
+        on_policy_single_pass = self._updates_per_step() == 1
+        old_logp = None if on_policy_single_pass else self._logprobs(self.model, batch, response_ids)
+        metrics["time/old_logprobs"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        ref_logp = self._logprobs(self.ref_model, batch, response_ids) if self.ref_model is not None else None
+        metrics["time/ref_logprobs"] = time.perf_counter() - t0
+
+        # reward shaping -> advantages (over the global batch: every rank computes them identically)
+        shaped = rewards_t.clone()
+        if a.overlong_buffer_len > 0:
+            shaped = shaped + overlong_penalty(batch["response_lengths"].float(), r.max_new_tokens,
+                                               a.overlong_buffer_len, a.overlong_penalty_factor)  # fmt: skip
+        if a.reward_clip > 0:
+            shaped = clip_rewards(shaped, -a.reward_clip, a.reward_clip)
+        if self.normalizer is not None:
+            shaped = self.normalizer.normalize(shaped)
+        token_rewards = shaped
+        if ref_logp is not None and not a.use_kl_loss and self.kl_ctl.value > 0:
+            old = old_logp if old_logp is not None else self._logprobs(self.model, batch, response_ids)
+            kl = kl_penalty(old, ref_logp, a.kl_estimator)
+            token_rewards = apply_kl_penalty(shaped, kl, response_mask, self.kl_ctl.value)
+        advantages = self._global_advantages(token_rewards, response_mask, group_ids)
+
+        # metrics of the rollout
+        lengths = batch["response_lengths"].float()
+        metrics["reward/combined"] = float(rewards_t.mean())
+        for k, v in per_source_t.items():
+            metrics[f"reward/{k}"] = float(v.mean())
+        acc_key = self.reward_pool.accuracy_source if hasattr(self.reward_pool, "accuracy_source") else None
+        if acc_key and acc_key in per_source_t:
+            metrics["accuracy"] = float((per_source_t[acc_key] > 0.5).float().mean())
+        metrics["response_length/mean"] = float(lengths.mean())
+        metrics["response_length/clip_ratio"] = float(
+            sum(x.finish_reason == "length" for x in rollouts) / len(rollouts)
+        )
+        _, kept = filter_zero_variance_groups(rewards_t, group_ids)
+        n_groups = len(set(group_ids.tolist()))
+        metrics["frac_reward_zero_std"] = 1.0 - kept / max(1, n_groups)
+        metrics["advantages/mean"] = float(advantages[response_mask.bool()].mean()) if response_mask.any() else 0.0
+        metrics["advantages/abs_mean"] = float(advantages[response_mask.bool()].abs().mean()) if response_mask.any() else 0.0
+        self._last_rollouts = (records, rollouts, per_source_t, rewards_t, advantages)
+        return Experience(batch, response_ids, response_mask, old_logp, ref_logp, rewards_t, advantages, group_ids,
+                          per_source_t)  # fmt: skip
+
+    @torch.no_grad()
+    def _logprobs(self, model, batch, response_ids) -> torch.Tensor:
+        was = model.training
+        model.eval()
+        mb = self.cfg.train.micro_train_batch_size
+        outs = []
+        for s in range(0, response_ids.shape[0], mb):
+            idx = torch.arange(s, min(s + mb, response_ids.shape[0]))
+            part = Experience(batch, response_ids, torch.ones_like(response_ids), None, None,
+                              torch.zeros(len(response_ids)), torch.zeros_like(response_ids, dtype=torch.float),
+                              torch.zeros(len(response_ids)))  # fmt: skip
+            mbatch = part.select(idx)
+            logp, _ = response_logprobs(model, mbatch, mbatch["response_ids"], temperature=self._temperature())
+            full = torch.zeros((len(idx), response_ids.shape[1]), dtype=logp.dtype)
+            full[:, : logp.shape[1]] = logp.cpu()
+            outs.append(full)
+        model.train(was)
+        return torch.cat(outs)
+
+    def _temperature(self) -> float:
+        return self.cfg.rollout.temperature if self.cfg.rollout.temperature > 0 else 1.0
+
+    def _global_advantages(self, rewards: torch.Tensor, mask: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+        """Advantages computed on the batch of all ranks (batch-level statistics included), then this
+        rank's rows taken back; groups never span ranks."""
+        a = self.cfg.algorithm
+        s = self.strategy
+        parts = s.all_gather_object((rewards, mask, group_ids))
+        offset = 0
+        all_r, all_m, all_g = [], [], []
+        width = max(p[1].shape[1] for p in parts)
+        for rank, (r_, m_, g_) in enumerate(parts):
+            if r_.dim() == 2:
+                r_ = torch.nn.functional.pad(r_, (0, width - r_.shape[1]))
+            all_r.append(r_)
+            all_m.append(torch.nn.functional.pad(m_, (0, width - m_.shape[1])))
+            all_g.append(g_ + rank * 1_000_000)
+            if rank < s.rank:
+                offset += len(r_)
+        adv, _ = compute_advantages(
+            a.advantage_estimator, torch.cat(all_r), torch.cat(all_m), group_ids=torch.cat(all_g),
+            gamma=a.gamma, lam=a.lam, std_normalization=a.std_normalization or None,
+        )  # fmt: skip
+        return adv[offset : offset + len(rewards), : mask.shape[1]]
+
+    # ----------------------------------------------------------------------------- update
+    def train_on(self, exp: Experience, metrics: dict[str, float]) -> None:
+        """``max_epochs`` passes of mini-batch updates over one rollout batch."""
+        cfg, a, s = self.cfg, self.cfg.algorithm, self.strategy
+        n = len(exp)
+        global_n = int(s.all_reduce(torch.tensor(float(n)), "sum"))
+        mini = (cfg.train.train_batch_size or global_n * 1) // s.world_size if cfg.train.train_batch_size else n
+        mini = max(1, min(mini, n))
+        micro = max(1, cfg.train.micro_train_batch_size)
+        agg: dict[str, list[float]] = {}
+        g = torch.Generator().manual_seed(cfg.train.seed * 7919 + self.step)
+        t0 = time.perf_counter()
+        tokens = 0
+        for _ in range(cfg.train.max_epochs):
+            order = torch.randperm(n, generator=g) if self._updates_per_step() > 1 else torch.arange(n)
+            for m0 in range(0, n, mini):
+                mini_idx = order[m0 : m0 + mini]
+                micro_batches = [exp.select(mini_idx[k : k + micro]) for k in range(0, len(mini_idx), micro)]
+                masks = [mb["response_mask"] for mb in micro_batches]
+                gtc = global_token_count(masks)
+                gsc = global_sequence_count(masks)
+                tokens += sum(int(m.sum()) for m in masks)
+                for k, mb in enumerate(micro_batches):
+                    loss, m = self._micro_loss(mb, gtc, gsc)
+                    s.backward(loss * s.world_size, last_micro_batch=k == len(micro_batches) - 1)
+                    for key, val in m.items():
+                        agg.setdefault(key, []).append(val)
+                grad_norm = s.step()
+                agg.setdefault("grad_norm", []).append(grad_norm)
+        dt = time.perf_counter() - t0
+        metrics.update({k: float(sum(v) / len(v)) for k, v in agg.items()})
+        metrics["time/update"] = dt
+        metrics["lr"] = s.lr
+        metrics["kl_coef"] = self.kl_ctl.value
+        metrics["tokens_per_s/update"] = tokens / max(dt, 1e-9)
+        if isinstance(self.kl_ctl, AdaptiveKLController) and "kl" in metrics:
+            self.kl_ctl.update(metrics["kl"], global_n)
+
+    def _micro_loss(self, mb: dict[str, torch.Tensor], gtc: int, gsc: int) -> tuple[torch.Tensor, dict[str, float]]:
+        a, r = self.cfg.algorithm, self.cfg.rollout
+        # entropy is always computed: it is the metric that shows a collapsing policy
+        logp, entropy = response_logprobs(self.train_module, mb, mb["response_ids"], temperature=self._temperature(),
+                                          with_entropy=True)  # fmt: skip
+        dev = logp.device
+        mask = mb["response_mask"].to(dev)
+        old = mb["old_log_probs"].to(dev) if "old_log_probs" in mb else logp.detach()
+        loss_mask = mask
+        if a.high_entropy_rho < 1.0:
+            loss_mask = high_entropy_mask(entropy.detach(), mask, a.high_entropy_rho).to(mask.dtype)
+        agg_kw = dict(loss_agg_mode=a.loss_agg_mode, global_token_count=gtc, num_sequences=gsc,
+                      max_response_length=r.max_new_tokens)  # fmt: skip
+        extra = {"policy_drift_coef": a.policy_drift_coef} if a.policy_loss == "cpgd" else {}
+        loss, metrics = compute_policy_loss(
+            a.policy_loss, logp, old, mb["advantages"].to(dev), loss_mask, clip_low=a.clip_low,
+            clip_high=a.clip_high, dual_clip=a.dual_clip or None, **agg_kw, **extra,
+        )  # fmt: skip
+        metrics = {f"policy/{k}": float(v) for k, v in metrics.items()}
+        metrics["policy/loss"] = float(loss)
+        agg = {k: agg_kw[k] for k in ("global_token_count", "num_sequences", "max_response_length")}
+        if "ref_log_probs" in mb:
+            kl = kl_penalty(logp, mb["ref_log_probs"].to(dev), a.kl_estimator)
+            kl_term = aggregate_loss(kl, mask, a.loss_agg_mode, **agg)
+            metrics["kl"] = float(kl.detach()[mask.bool()].mean()) if mask.any() else 0.0
+            if a.use_kl_loss:
+                loss = loss + self.kl_ctl.value * kl_term
+        if entropy is not None:
+            ent = aggregate_loss(entropy, mask, a.loss_agg_mode, **agg)
+            metrics["entropy"] = float(entropy.detach()[mask.bool()].mean()) if mask.any() else 0.0
+            if a.entropy_coef > 0:
+                loss = loss - a.entropy_coef * ent
+        return loss, metrics
+
+    # ----------------------------------------------------------------------------- loop
+    def fit(self) -> dict[str, Any]:
+        cfg = self.cfg
+        self._maybe_resume()
+        if self.step == 0 and self.evaluate_fn is not None:
+            self._evaluate("before")
+        while self.step < self.total_steps:
+            metrics: dict[str, float] = {}
+            t_step = time.perf_counter()
+            exp = self.make_experience(metrics)
+            self.train_on(exp, metrics)
+            t0 = time.perf_counter()
+            self.engine.update_weights()
+            metrics["time/weight_sync"] = time.perf_counter() - t0
+            self.step += 1
+            metrics["time/step"] = time.perf_counter() - t_step
+            metrics = self._reduce_metrics(metrics)
+            self.history.append({"step": self.step, **metrics})
+            if self.tracker is not None:
+                self.tracker.log(metrics, self.step)
+                self.tracker.advance(metrics.get("reward/combined", 0.0))
+                self._log_samples()
+            if self.evaluate_fn is not None and cfg.train.eval_every and self.step % cfg.train.eval_every == 0 \
+                    and self.step < self.total_steps:  # fmt: skip
+                self._evaluate("step")
+            if cfg.train.save_every and self.step % cfg.train.save_every == 0 and self.step < self.total_steps:
+                self.save_checkpoint()
+        self.save_checkpoint()
+        result = {"steps": self.step}
+        if self.evaluate_fn is not None:
+            result["eval_after"] = self._evaluate("after")
+        return result
+
+    def _reduce_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
+        if not self.strategy.distributed:
+            return metrics
+        keys = sorted(metrics)
+        vals = self.strategy.all_reduce(torch.tensor([metrics[k] for k in keys], dtype=torch.float64), "mean")
+        return dict(zip(keys, vals.tolist()))
+
+    def _evaluate(self, when: str) -> dict[str, float]:
+        result = self.evaluate_fn(self)
+        if self.tracker is not None:
+            self.tracker.log({f"eval/{k}": v for k, v in result.items()}, self.step)
+        if when in ("before", "after"):
+            setattr(self, f"eval_{when}", result)
+        return result
+
+    def _log_samples(self) -> None:
+        if not self.strategy.is_rank0 or self.cfg.train.log_samples <= 0:
+            return
+        import json
+
+        records, rollouts, per_source, rewards, adv = self._last_rollouts
+        path = self.out / "samples.jsonl"
+        with open(path, "a") as f:
+            for i, x in enumerate(rollouts[: self.cfg.train.log_samples]):
+                rec = records[x.prompt_index]
+                f.write(json.dumps({
+                    "step": self.step, "id": rec.id, "prompt": rec.prompt, "answer": rec.answer,
+                    "image": _image_ref(rec), "response": x.text, "finish_reason": x.finish_reason,
+                    "rewards": {k: float(v[i]) for k, v in per_source.items()}, "reward": float(rewards[i]),
+                    "advantage": float(adv[i, 0]) if adv.shape[1] else 0.0,
+                }) + "\n")  # fmt: skip
+
+    # ----------------------------------------------------------------------------- checkpoints
+    def _client_state(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "cursor": self.cursor,
+            "rng": rng_state(),
+            "kl_coef": self.kl_ctl.value,
+            "normalizer": self.normalizer.state_dict() if self.normalizer is not None else None,
+            "history": self.history,
+        }
+
+    def save_checkpoint(self) -> Path:
+        path = self.out / "checkpoints" / f"step-{self.step:06d}"
+        self.strategy.save_checkpoint(path, self._client_state())
+        if self.strategy.is_rank0:
+            prune_checkpoints(self.out / "checkpoints", self.cfg.train.keep_last)
+        self.strategy.barrier()
+        return path
+
+    def _maybe_resume(self) -> None:
+        resume = self.cfg.train.resume
+        if resume == "never":
+            return
+        path = latest_checkpoint(self.out / "checkpoints") if resume == "auto" else Path(resume)
+        if path is None:
+            return
+        state = self.strategy.load_checkpoint(path)
+        self.step, self.cursor, self.history = state["step"], state["cursor"], state["history"]
+        self.kl_ctl.value = state["kl_coef"]
+        if self.normalizer is not None and state["normalizer"] is not None:
+            self.normalizer.load_state_dict(state["normalizer"])
+        set_rng_state(state["rng"])
+        if self.tracker is not None:
+            self.tracker.print(f"resumed from {path} at step {self.step}")
+
+
+def _image_ref(rec: PromptRecord) -> Any:
+    refs = []
+    for im in rec.images:
+        if isinstance(im, (str, Path)):
+            refs.append(str(im))
+        else:
+            refs.append(getattr(im, "filename", "") or f"<{type(im).__name__} {getattr(im, 'size', '')}>")
+    return refs
+

@@ -1,0 +1,170 @@
+"""``vlrft train-policy`` end to end: build everything from the config, train, evaluate, export."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from data_pipelines.records import PromptRecord
+from vlrft.config import save_config
+from vlrft.trainer.config import SYNTHETIC_PREFIX, PolicyTrainConfig
+
+
+def load_policy(path: str, dtype: str = "float32") -> tuple[torch.nn.Module, Any]:
+    """A Qwen-VL (``AutoModelForImageTextToText`` + processor) or text Qwen (causal LM + tokenizer)."""
+    import vlrft.models  # noqa: F401  (image-only processors for machines without torchvision)
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
+
+    torch_dtype = torch.bfloat16 if dtype == "bfloat16" else torch.float32
+    config = AutoConfig.from_pretrained(path)
+    if hasattr(config, "vision_config"):
+        model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch_dtype)
+        processor = AutoProcessor.from_pretrained(path)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
+        processor = AutoTokenizer.from_pretrained(path)
+    return model, processor
+
+
+def load_prompt_records(source: str, cfg: PolicyTrainConfig, size: int, seed: int) -> list[PromptRecord]:
+    """``synthetic:TASK`` draws a synthetic task; anything else is read by data_pipelines.readers."""
+    if source.startswith(SYNTHETIC_PREFIX):
+        from data_pipelines.synthetic import make_prompt_records
+
+        return make_prompt_records(source[len(SYNTHETIC_PREFIX) :], size, seed=seed, **cfg.data.synthetic_options)
+    from data_pipelines.readers import read_records
+
+    records, report = read_records(source, kind="prompt", column_map=dict(cfg.data.column_map) or None,
+                                   on_bad_record=cfg.data.on_bad_record)  # fmt: skip
+    return records
+
+
+def greedy_accuracy(trainer, records: list[PromptRecord] | None = None) -> dict[str, float]:
+    """Held-out accuracy of the current policy: one response per prompt at ``eval_temperature`` (0:
+    greedy), scored by the reward pool; this rank's share of the records, averaged over ranks."""
+    from data_pipelines.collate import encode_prompt
+    from vlrft.rollout import SamplingParams
+
+    cfg, s = trainer.cfg, trainer.strategy
+    records = trainer.eval_records if records is None else records
+    mine = records[s.rank :: s.world_size]
+    prompts = [encode_prompt(trainer.processor, r, system_prompt=cfg.data.system_prompt or None,
+                             prompt_template=cfg.data.prompt_template) for r in mine]  # fmt: skip
+    sampling = SamplingParams(n=1, temperature=cfg.train.eval_temperature, max_new_tokens=cfg.rollout.max_new_tokens,
+                              stop=list(cfg.rollout.stop))  # fmt: skip
+    rollouts = trainer.engine.generate(prompts, sampling)
+    out = trainer.reward_pool.score([mine[x.prompt_index] for x in rollouts], [x.text for x in rollouts])
+    acc_key = trainer.reward_pool.accuracy_source
+    correct = (out.per_source[acc_key] > 0.5).float()
+    totals = s.all_reduce(torch.tensor([float(correct.sum()), float(len(correct)),
+                                        float(sum(x.response_ids.numel() for x in rollouts))]), "sum")  # fmt: skip
+    n = max(1.0, float(totals[1]))
+    return {"accuracy": float(totals[0]) / n, "response_length": float(totals[2]) / n, "num_prompts": n}
+
+
+def plot_curves(history: list[dict[str, float]], evals: list[tuple[int, float]], path: Path) -> None:
+    """PNG of the training reward, accuracy and entropy curves and the held-out accuracy."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [h["step"] for h in history]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    for key in ("reward/combined", "accuracy", "frac_reward_zero_std"):
+        if any(key in h for h in history):
+            axes[0].plot(steps, [h.get(key, float("nan")) for h in history], label=key)
+    if evals:
+        axes[0].plot([e[0] for e in evals], [e[1] for e in evals], "o-", label="held-out accuracy")
+    axes[0].set_xlabel("step")
+    axes[0].legend(fontsize=8)
+    axes[0].set_title("reward and accuracy")
+    if any("entropy" in h for h in history):
+        axes[1].plot(steps, [h.get("entropy", float("nan")) for h in history], label="entropy")
+    axes[1].set_xlabel("step")
+    axes[1].legend(fontsize=8)
+    axes[1].set_title("policy entropy")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def train_policy(cfg: PolicyTrainConfig) -> dict[str, Any]:
+    """Run ``vlrft train-policy`` with a resolved config; returns the summary (also in summary.json)."""
+    from reward_models.pool import RewardPool
+    from reward_models.tracking import Tracker
+    from vlrft.strategies import make_strategy, seed_everything
+    from vlrft.trainer.policy_trainer import PolicyTrainer
+
+    out = Path(cfg.train.output_dir)
+    strategy = make_strategy(cfg.strategy, cfg.optim)
+    seed_everything(cfg.train.seed + strategy.rank)
+    if strategy.is_rank0:
+        out.mkdir(parents=True, exist_ok=True)
+        save_config(cfg, out)
+    path = cfg.model.path
+    if not path:
+        path = str(out / "initial-model")
+        if strategy.is_rank0 and not (out / "initial-model" / "config.json").is_file():
+            from vlrft.models.tiny import make_tiny_model
+
+            make_tiny_model(path, arch=cfg.model.tiny_arch, hidden=cfg.model.tiny_hidden,
+                            layers=cfg.model.tiny_layers, seed=cfg.strategy.seed)  # fmt: skip
+        strategy.barrier()
+    model, processor = load_policy(path, cfg.model.dtype)
+    ref_model = None
+    if cfg.algorithm.kl_coef > 0:
+        ref_model, _ = strategy.prepare(load_policy(path, cfg.model.dtype)[0], trainable=False)[:2]
+    train_records = load_prompt_records(cfg.data.train_source, cfg, cfg.data.synthetic_train_size, cfg.train.seed)
+    eval_records = (load_prompt_records(cfg.data.eval_source, cfg, cfg.data.synthetic_eval_size, cfg.train.seed + 10_000)
+                    if cfg.data.eval_source else [])  # fmt: skip
+    pool = RewardPool(cfg.reward, device=strategy.device)
+    pool.accuracy_source = cfg.train.accuracy_source or next(
+        (s.name for s in cfg.reward.sources if s.kind == "verifier"), cfg.reward.sources[0].name
+    )
+    total = cfg.train.max_steps or max(1, len(train_records) // cfg.rollout.rollout_batch_size) * cfg.train.num_episodes
+    tracker = Tracker(out, cfg, active=strategy.is_rank0, start_step=0, total_steps=total)
+    trainer = PolicyTrainer(cfg, strategy, model, processor, train_records, pool, eval_records=eval_records,
+                            ref_model=ref_model, tracker=tracker,
+                            evaluate_fn=greedy_accuracy if eval_records else None)  # fmt: skip
+    result = trainer.fit()
+    final = out / "final"
+    strategy.save_pretrained(final, processor)
+    summary = {
+        "steps": trainer.step,
+        "output_dir": str(out),
+        "final_model": str(final),
+        "eval_before": getattr(trainer, "eval_before", None),
+        "eval_after": result.get("eval_after"),
+        "last_metrics": trainer.history[-1] if trainer.history else {},
+    }
+    if strategy.is_rank0:
+        evals = [(h["step"], h["eval/accuracy"]) for h in _read_metrics(out) if "eval/accuracy" in h]
+        plot_curves(trainer.history, evals, out / "curves.png")
+        (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        before = (summary["eval_before"] or {}).get("accuracy")
+        after = (summary["eval_after"] or {}).get("accuracy")
+        tracker.print(
+            f"\ntrain-policy done: {trainer.step} steps. Held-out accuracy "
+            f"{_fmt(before)} -> {_fmt(after)}\n"
+            f"  run folder: {out}\n  final model (transformers format): {final}\n"
+            f"  curves: {out / 'curves.png'}\n  sampled trajectories: {out / 'samples.jsonl'}\n"
+            f"  metrics: {out / 'metrics.jsonl'} (TensorBoard: {out / 'tensorboard'})"
+        )
+    tracker.close()
+    pool.close()
+    return summary
+
+
+def _fmt(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.3f}"
+
+
+def _read_metrics(out: Path) -> list[dict]:
+    path = out / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
