@@ -232,6 +232,26 @@ class ExactMatchVerifier(Verifier):
         return VerifierResult(float(correct), extracted or None, correct, format_ok)
 
 
+class VocabAnswerVerifier(Verifier):
+    """Closed-vocabulary answers (synthetic tasks: colours, shapes, counts): the first word of the
+    answer region (the last ``\\boxed{}``, else the text after ``</think>``, else the whole response)
+    that belongs to the record's ``vocabulary`` metadata, compared with the reference after
+    :func:`normalize_text`. Without a ``vocabulary``, the first word is compared. ``format_ok``: the
+    answer region is exactly that word."""
+
+    name = "vocab_answer"
+
+    def check(self, response, answer, vocabulary=None, **metadata):
+        gold = normalize_text(_need_answer(self.name, answer))
+        boxed = last_boxed(response)
+        region = normalize_text(boxed if boxed is not None else response.rsplit("</think>", 1)[-1])
+        words = region.split()
+        vocab = {normalize_text(str(v)) for v in vocabulary} if vocabulary else None
+        extracted = next((w for w in words if vocab is None or w in vocab), None)
+        correct = extracted is not None and extracted == gold
+        return VerifierResult(float(correct), extracted, correct, extracted is not None and region == extracted)
+
+
 VERIFIERS: dict[str, Verifier] = {
     v.name: v
     for v in (
@@ -242,6 +262,7 @@ VERIFIERS: dict[str, Verifier] = {
         FormatVerifier(),
         LengthPenaltyVerifier(),
         ExactMatchVerifier(),
+        VocabAnswerVerifier(),
     )
 }
 
