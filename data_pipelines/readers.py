@@ -156,7 +156,7 @@ def record_from_row(row: dict[str, Any], kind: str = "prompt", *, column_map: di
         if not value.strip():
             raise DataError(f"empty {name}", category=f"empty {name}", field=name)
         fields[name] = value
-    fields["id"] = _text(values.pop("id", None), "id") or default_id
+    fields["id"] = _text(values.pop("id", None), "id", numbers=True) or default_id
     fields["images"] = _image_list(values.pop("images", None))
     fields["task"] = _text(values.pop("task", None), "task") or "default"
     fields["system"] = _text(values.pop("system", None), "system")

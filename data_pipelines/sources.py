@@ -241,7 +241,7 @@ def _hub_rows(repo_id: str, split: str | None, config_name: str | None) -> Rows:
         ds = datasets.load_dataset(repo_id, config_name, split=split)
     except Exception as exc:  # noqa: BLE001 - offline, not cached, no such repo or split
         raise DataError(
-            f"cannot load hub dataset {repo_id!r} (config {config_name!r}, split {split!r}): "
+            f"no local path {repo_id!r}, and cannot load hub dataset {repo_id!r} (config {config_name!r}, split {split!r}): "
             f"{type(exc).__name__}: {str(exc)[:300]}. Offline (HF_HUB_OFFLINE=1) only cached datasets load: "
             "download it where the network is and pass the local path",
             category="missing source", source=f"hub:{repo_id}",

@@ -171,7 +171,7 @@ SOURCE_CASES = {
     "CSV with unclosed quote": ("d.csv", b"prompt\nok\n\"a,b\nc\n", "invalid CSV", r"d\.csv:\d+: unreadable CSV \(unexpected end of data\)"),
     "folder without data files": ("empty_dir", "dir", "missing file", r"empty_dir: no data files"),
     "broken datasets folder": ("bad_ds", "bad_ds", "invalid dataset", r"bad_ds: not a readable `datasets` folder"),
-    "hub id not cached": ("nobody/absent-dataset", "hub", "missing source", r"hub:nobody/absent-dataset: cannot load hub dataset"),
+    "hub id not cached": ("nobody/absent-dataset", "hub", "missing source", r"hub:nobody/absent-dataset: no local path .*, and cannot load hub dataset"),
 }  # fmt: skip
 
 

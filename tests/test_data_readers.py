@@ -178,6 +178,12 @@ def test_skip_report_counts_and_logs(tmp_path, caplog):
     assert len(read_records(tmp_path / "d.jsonl", on_bad_record="skip", limit=1)[0]) == 1
 
 
+def test_numeric_ids_and_answers_become_text(tmp_path):
+    pq.write_table(pa.Table.from_pylist([{"id": 7, "prompt": "p", "answer": 2.5}]), tmp_path / "d.parquet")
+    (rec,), _ = read_records(tmp_path / "d.parquet")
+    assert (rec.id, rec.answer) == ("7", "2.5")
+
+
 def test_filter_by_prompt_length_counts_image_tokens(tiny_model, tmp_path):
     import vlrft.models  # noqa: F401 - registers the image-only processors
     from transformers import AutoProcessor
