@@ -8,7 +8,6 @@ import json
 import logging
 
 import datasets
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
