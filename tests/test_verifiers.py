@@ -329,3 +329,19 @@ def test_hostile_inputs_return_within_the_limit_without_side_effects(tmp_path, i
     assert not wrong, wrong
     timeouts = [s for n, s, _, r in results if r.error == "timeout"]
     assert any("10^{10^{10}}" in s for s in timeouts)  # the tower was cut by the limit, not parsed
+
+
+def test_docs_rule_verifiers_example_runs(tmp_path):
+    import re
+    import runpy
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "reward-models.md").read_text()
+    section = text[text.index("## Rule verifiers") :]
+    script = tmp_path / "verifiers_example.py"
+    script.write_text(re.search(r"```python\n(.*?)```", section, re.S).group(1))
+    ns = runpy.run_path(str(script))
+    assert (ns["r"].score, ns["r"].extracted, ns["r"].correct, ns["r"].format_ok, ns["r"].error) == (1.0, "0.5", True, True, None)
+    assert "response_length=448).score  # -0.5" in section  # the values the example states in comments:
+    assert get_verifier("length_penalty", max_length=512, cache_length=128)("x", None, response_length=448).score == -0.5
+    assert get_verifier("gsm8k")("... #### 1,000", "1000").correct
