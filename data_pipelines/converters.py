@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -102,6 +103,21 @@ def _geo3k_intergps(folder: Path, split: str, on_bad_record: str, check_images: 
                             answer=choices[ord(letter) - ord("A")].strip(), task="geo3k", metadata=meta)  # fmt: skip
 
     return collect(rows(), str(folder), make, on_bad_record=on_bad_record)
+
+
+def as_multiple_choice(record: PromptRecord, instruction: str = "Answer with the letter of the right choice.") -> PromptRecord:
+    """The multiple-choice form of a Geometry3K record: choices listed as ``A. ...``, the answer a letter.
+
+    Needs ``metadata["choices"]`` and ``metadata["answer_letter"]`` (the InterGPS layout keeps them); the
+    free-form answer moves to ``metadata["free_form_answer"]``.
+    """
+    choices, letter = record.metadata.get("choices"), record.metadata.get("answer_letter")
+    if not choices or not letter:
+        raise DataError("no choices in metadata (the hub layout has none; convert the InterGPS layout)",
+                        category="missing field", source=f"record {record.id!r}", field="metadata.choices")  # fmt: skip
+    listed = "\n".join(f"{chr(ord('A') + i)}. {c}" for i, c in enumerate(choices))
+    return dataclasses.replace(record, prompt=f"{record.prompt}\nChoices:\n{listed}\n{instruction}", answer=letter,
+                               metadata={**record.metadata, "free_form_answer": record.answer})  # fmt: skip
 
 
 def _field(row: dict[str, Any], name: str) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 
@@ -11,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
-from data_pipelines.converters import convert_geo3k, convert_gsm8k, gsm8k_gold
+from data_pipelines.converters import as_multiple_choice, convert_geo3k, convert_gsm8k, gsm8k_gold
 from data_pipelines.errors import DataError
 from data_pipelines.readers import read_records
 from data_pipelines.writers import write_records
@@ -75,6 +76,15 @@ def test_geo3k_intergps_examples_answer_with_the_right_choice_text(shared_data):
             assert rec.metadata["choices"] == data["choices"] and rec.metadata["answer_letter"] == data["answer"]
             assert rec.prompt == "<image>" + data["annotat_text"].strip()
             assert rec.images == [str(folder / rec.id.rsplit("-", 1)[1] / "img_diagram.png")]
+
+
+def test_geo3k_multiple_choice_form(shared_data):
+    records, _ = convert_geo3k(shared_data / "geo3k_examples", "train")
+    mc = as_multiple_choice(records[0])  # id 11: choices 30, 40, 60, 80; answer D
+    assert mc.answer == "D" and mc.metadata["free_form_answer"] == "80" == records[0].answer
+    assert mc.prompt.endswith("\nChoices:\nA. 30\nB. 40\nC. 60\nD. 80\nAnswer with the letter of the right choice.")
+    with pytest.raises(DataError, match="no choices in metadata"):
+        as_multiple_choice(dataclasses.replace(records[0], metadata={}))
 
 
 def test_geo3k_hub_parquet_layout_converts_and_reads_back(shared_data, tmp_path):
