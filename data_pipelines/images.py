@@ -36,8 +36,12 @@ def load_image(
     max_pixels: int | None = DEFAULT_MAX_PIXELS,
     max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
     base_dir: str | Path | None = None,
+    factor: int = IMAGE_FACTOR,
 ) -> Image.Image:
-    """Load ``src`` as an RGB image resized for Qwen-VL (no resize when ``max_pixels`` is None)."""
+    """Load ``src`` as an RGB image resized for Qwen-VL (no resize when ``max_pixels`` is None).
+
+    ``factor`` is the model's pixels per LLM token side: 28 for Qwen2-VL/Qwen2.5-VL, 32 for Qwen3-VL.
+    """
     if isinstance(src, Image.Image):
         im = _decode(src, "image", max_image_pixels)
     else:
@@ -53,19 +57,30 @@ def load_image(
         im = _decode(opened, label, max_image_pixels)
     im = _to_rgb(im)
     if max_pixels is not None:
-        im = resize_for_qwen(im, min_pixels=min_pixels or 0, max_pixels=max_pixels)
+        im = resize_for_qwen(im, min_pixels=min_pixels or 0, max_pixels=max_pixels, factor=factor)
     return im
 
 
-def resize_for_qwen(im: Image.Image, *, min_pixels: int = DEFAULT_MIN_PIXELS,
-                    max_pixels: int = DEFAULT_MAX_PIXELS) -> Image.Image:  # fmt: skip
-    """Resize to transformers' ``smart_resize`` size (sides multiples of 28, pixels within bounds)."""
+def resize_for_qwen(im: Image.Image, *, min_pixels: int = DEFAULT_MIN_PIXELS, max_pixels: int = DEFAULT_MAX_PIXELS,
+                    factor: int = IMAGE_FACTOR) -> Image.Image:  # fmt: skip
+    """Resize to transformers' ``smart_resize`` size (sides multiples of ``factor``, pixels within bounds)."""
     smart_resize = _smart_resize()
     try:
-        h, w = smart_resize(im.height, im.width, factor=IMAGE_FACTOR, min_pixels=min_pixels, max_pixels=max_pixels)
+        h, w = smart_resize(im.height, im.width, factor=factor, min_pixels=min_pixels, max_pixels=max_pixels)
     except ValueError as exc:  # aspect ratio over 200
         raise DataError(f"bad image shape {im.width}x{im.height}: {exc}", category="bad image size") from exc
     return im if (w, h) == im.size else im.resize((w, h), Image.Resampling.BICUBIC)
+
+
+def image_bounds(processor: Any) -> dict[str, int]:
+    """``min_pixels``, ``max_pixels`` and ``image_factor`` of a Qwen-VL processor (for ``read_records``)."""
+    ip = getattr(processor, "image_processor", processor)
+    size = getattr(ip, "size", None) or {}
+    lo = size.get("shortest_edge", getattr(ip, "min_pixels", None))
+    hi = size.get("longest_edge", getattr(ip, "max_pixels", None))
+    if lo is None or hi is None:
+        raise ValueError(f"{type(ip).__name__} has no Qwen-VL pixel bounds (size shortest_edge/longest_edge)")
+    return {"min_pixels": int(lo), "max_pixels": int(hi), "image_factor": int(ip.patch_size * ip.merge_size)}
 
 
 def _smart_resize():

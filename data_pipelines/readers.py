@@ -20,7 +20,7 @@ from typing import Any
 from PIL import Image
 
 from data_pipelines.errors import DataError
-from data_pipelines.images import DEFAULT_MAX_IMAGE_PIXELS, DEFAULT_MAX_PIXELS, DEFAULT_MIN_PIXELS, load_image
+from data_pipelines.images import DEFAULT_MAX_IMAGE_PIXELS, DEFAULT_MAX_PIXELS, DEFAULT_MIN_PIXELS, IMAGE_FACTOR, load_image
 from data_pipelines.records import IMAGE_PLACEHOLDER, JudgmentRecord, PreferencePair, PromptRecord
 from data_pipelines.sources import open_rows
 
@@ -71,6 +71,7 @@ def read_records(
     min_pixels: int | None = DEFAULT_MIN_PIXELS,
     max_pixels: int | None = DEFAULT_MAX_PIXELS,
     max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
+    image_factor: int = IMAGE_FACTOR,
     config_name: str | None = None,
     limit: int | None = None,
 ) -> tuple[list[Record], SkipReport]:
@@ -79,8 +80,9 @@ def read_records(
     ``column_map`` maps source columns to record fields (``{"problem": "prompt"}``); unmapped columns
     that are not fields go to ``metadata``. Relative image paths start at ``image_root`` (default: the
     source file's folder). With ``load_images`` each image becomes an RGB ``PIL.Image`` resized within
-    ``min_pixels``/``max_pixels`` (see :func:`~data_pipelines.images.load_image`); without it, images stay
-    as found. ``limit`` stops after that many records kept.
+    ``min_pixels``/``max_pixels`` with sides multiples of ``image_factor`` (28; 32 for Qwen3-VL; see
+    :func:`~data_pipelines.images.load_image`, and ``image_bounds(processor)`` for a model's values);
+    without it, images stay as found. ``limit`` stops after that many records kept.
     """
     if kind not in RECORD_TYPES:
         raise ValueError(f"kind must be one of {sorted(RECORD_TYPES)}, got {kind!r}")
@@ -88,7 +90,7 @@ def read_records(
         raise ValueError(f"on_bad_record must be one of {ON_BAD_RECORD}, got {on_bad_record!r}")
     rows, label, base_dir = open_rows(source, split=split, config_name=config_name)
     image_kwargs = dict(min_pixels=min_pixels, max_pixels=max_pixels, max_image_pixels=max_image_pixels,
-                        base_dir=image_root if image_root is not None else base_dir)  # fmt: skip
+                        base_dir=image_root if image_root is not None else base_dir, factor=image_factor)  # fmt: skip
     stem = Path(str(source)).stem or "record"
 
     def make(row: dict[str, Any], row_no: int, index: int) -> Record:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from PIL import Image
 
@@ -88,3 +90,33 @@ def test_text_only_record_renders_through_text_model_tokenizer(tiny_model):
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     assert 'user\nTom has 3 apples. Let\'s think step by step and output the final answer after "####".<|im_end|>' in text
     assert text.endswith("<|im_start|>assistant\n")
+
+
+@pytest.mark.parametrize("arch", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
+def test_loaded_images_are_sized_as_the_processor_sizes_them(tiny_model, tmp_path, arch):
+    """load_image with the processor's bounds resizes exactly as the processor does, so it resizes no further."""
+    import vlrft.models  # noqa: F401
+    from transformers import AutoProcessor
+
+    from data_pipelines.images import image_bounds
+    from data_pipelines.readers import read_records
+    from vlrft.archs import ARCHS
+
+    if arch not in ARCHS:
+        pytest.skip(f"{arch} needs a newer transformers")
+    processor = AutoProcessor.from_pretrained(tiny_model(arch))
+    bounds = image_bounds(processor)
+    patch = processor.image_processor.patch_size
+    assert bounds["image_factor"] == 2 * patch
+    sizes = [(90, 60), (300, 40), (17, 17), (500, 500)]
+    for i, size in enumerate(sizes):
+        Image.new("RGB", size, (i * 40, 90, 200)).save(tmp_path / f"{i}.png")
+    rows = [{"prompt": "<image>Which colour?", "images": [f"{i}.png"]} for i in range(len(sizes))]
+    (tmp_path / "d.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    records, _ = read_records(tmp_path / "d.jsonl", **bounds)
+    for rec in records:
+        text = processor.apply_chat_template(build_messages(rec), tokenize=False, add_generation_prompt=True)
+        assert text.count("<|vision_start|><|image_pad|><|vision_end|>") == 1
+        out = processor(text=[text], images=rec.images, return_tensors="pt")
+        _, gh, gw = out["image_grid_thw"][0].tolist()
+        assert (gw * patch, gh * patch) == rec.images[0].size
