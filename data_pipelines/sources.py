@@ -178,26 +178,14 @@ def _pick_split(ds: Any, split: str | None, label: Any) -> Any:
     return ds[split]
 
 
-def _undecoded(ds: Any) -> Any:
-    """The dataset with its Image features left as ``{"bytes", "path"}`` dicts (decoded later, checked)."""
-    import datasets
-
-    def walk(feature: Any) -> Any:
-        if isinstance(feature, datasets.Image):
-            return datasets.Image(decode=False)
-        if isinstance(feature, (datasets.List, datasets.LargeList)):
-            return type(feature)(walk(feature.feature))
-        if isinstance(feature, datasets.Sequence):
-            return datasets.Sequence(walk(feature.feature), length=feature.length)
-        if isinstance(feature, dict):
-            return {k: walk(v) for k, v in feature.items()}
-        return feature
-
-    features = ds.features
-    if features is None:
-        return ds
-    new = datasets.Features({k: walk(v) for k, v in features.items()})
-    return ds if new == features else ds.cast(new)
+def _dataset_rows(ds: Any) -> Rows:
+    """Rows of a ``datasets.Dataset`` as stored: Image features stay ``{"bytes", "path"}`` dicts (decoded
+    later, with the checks of ``load_image``), read in Arrow batches without casting or copying the data."""
+    index = 0
+    for table in ds.with_format("arrow").iter(batch_size=256):
+        for row in table.to_pylist():
+            yield index, row
+            index += 1
 
 
 def _saved_dataset_rows(path: Path, split: str | None) -> Rows:
@@ -207,7 +195,7 @@ def _saved_dataset_rows(path: Path, split: str | None) -> Rows:
         ds = datasets.load_from_disk(str(path))
     except Exception as exc:  # noqa: BLE001 - datasets raises several types for broken folders
         raise DataError(f"not a readable `datasets` folder ({exc})", category="invalid dataset", source=path) from exc
-    yield from enumerate(_undecoded(_pick_split(ds, split, path)))
+    yield from _dataset_rows(_pick_split(ds, split, path))
 
 
 def hub_reachable(timeout: float = 5.0) -> bool:
@@ -246,4 +234,4 @@ def _hub_rows(repo_id: str, split: str | None, config_name: str | None) -> Rows:
             "download it where the network is and pass the local path",
             category="missing source", source=f"hub:{repo_id}",
         ) from exc
-    yield from enumerate(_undecoded(_pick_split(ds, split, f"hub:{repo_id}")))
+    yield from _dataset_rows(_pick_split(ds, split, f"hub:{repo_id}"))
