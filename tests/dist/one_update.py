@@ -1,0 +1,63 @@
+"""One policy update on a fixed global batch, under any strategy; writes the full parameters.
+
+Run alone (single) or under ``torchrun --nproc_per_node=2`` (fsdp2, deepspeed). The samples are fixed
+(no generation): each rank builds the experience of its share of the prompts, advantages are computed
+on the global batch, losses are aggregated over the global token count.
+Usage: python one_update.py MODEL_DIR OUT_FILE STRATEGY [ZERO_STAGE]
+"""
+
+import sys
+
+import torch
+
+import vlrft.models  # noqa: F401
+from data_pipelines.collate import encode_prompt
+from data_pipelines.synthetic import make_prompt_records
+from reward_models.pool import RewardPool
+from vlrft.config import load_config
+from vlrft.rollout import Rollout
+from vlrft.strategies import make_strategy
+from vlrft.trainer.config import PolicyTrainConfig
+from vlrft.trainer.policy_trainer import PolicyTrainer
+from vlrft.trainer.run import load_policy
+
+
+def main() -> None:
+    model_dir, out_file, name = sys.argv[1:4]
+    stage = sys.argv[4] if len(sys.argv) > 4 else "2"
+    cfg = load_config(PolicyTrainConfig, None, [
+        f"strategy.name={name}", f"strategy.zero_stage={stage}", "optim.lr=1e-3", "strategy.grad_clip=0",
+        "rollout.rollout_batch_size=4", "rollout.n_samples_per_prompt=4", "train.micro_train_batch_size=3",
+        "train.max_steps=1", "algorithm.loss_agg_mode=token-mean", "train.output_dir=/tmp/unused",
+    ])  # fmt: skip
+    strategy = make_strategy(cfg.strategy, cfg.optim)
+    torch.manual_seed(0)
+    model, proc = load_policy(model_dir)
+    records = make_prompt_records("color", 4, seed=5)
+    pool = RewardPool(cfg.reward)
+    pool.accuracy_source = "accuracy"
+    trainer = PolicyTrainer(cfg, strategy, model, proc, records, pool)
+    mine = records[strategy.rank :: strategy.world_size]
+    tok = proc.tokenizer
+    rollouts = []
+    g = torch.Generator().manual_seed(1)
+    for gi, rec in enumerate(records):  # the same global samples whatever the world size
+        for j in range(4):
+            word = rec.answer if j % 2 == 0 else next(v for v in rec.metadata["vocabulary"] if v != rec.answer)
+            tail = torch.randint(0, 900, (j + gi % 3,), generator=g)
+            ids = torch.cat([torch.tensor(tok(word)["input_ids"]), tail, torch.tensor([tok.eos_token_id])])
+            if rec in mine:
+                rollouts.append(Rollout(mine.index(rec), ids, tok.decode(ids, skip_special_tokens=True), "stop"))
+    prompts = [encode_prompt(proc, r) for r in mine]
+    combined, per_source, _ = trainer._score(mine, rollouts)
+    metrics: dict = {}
+    exp = trainer.experience_from(mine, prompts, rollouts, combined, per_source, metrics)
+    trainer.train_on(exp, metrics)
+    state = strategy.full_state_dict()
+    if strategy.is_rank0:
+        torch.save({"state": state, "metrics": metrics}, out_file)
+    strategy.barrier()
+
+
+if __name__ == "__main__":
+    main()
