@@ -14,16 +14,14 @@ from typing import Any
 
 import torch
 
+from data_pipelines.collate import tokenizer_of
+
 
 @dataclass
 class Generation:
     text: str
     num_tokens: int  # generated tokens, EOS included when the model stopped by itself
     finish_reason: str  # "stop" (EOS) or "length" (max_new_tokens reached)
-
-
-def tokenizer_of(processor_or_tokenizer: Any) -> Any:
-    return getattr(processor_or_tokenizer, "tokenizer", processor_or_tokenizer)
 
 
 @torch.no_grad()
