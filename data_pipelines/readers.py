@@ -143,10 +143,14 @@ def record_from_row(row: dict[str, Any], kind: str = "prompt", *, column_map: di
     for alias, name in ALIASES.items():
         if name not in values and alias in values and alias not in column_map:
             values[name] = values.pop(alias)
-    if "prompt" not in values and "messages" in values:
-        values["prompt"], system = _from_messages(values.pop("messages"))
+    # Conversational rows (TRL's format): a `messages` column, or `prompt` itself a list of messages.
+    chat_field = "prompt" if isinstance(values.get("prompt"), list) else "messages" if "prompt" not in values else None
+    if chat_field in values:
+        values["prompt"], system, inline = _from_messages(values.pop(chat_field), chat_field)
         if system is not None and values.get("system") is None:
             values["system"] = system
+        if inline and values.get("images") is None:
+            values["images"] = inline
 
     fields: dict[str, Any] = {}
     for name in REQUIRED[kind]:
@@ -242,20 +246,21 @@ def _image_list(value: Any) -> list[Any]:
     return items
 
 
-def _from_messages(messages: Any) -> tuple[str, str | None]:
-    """A chat ``messages`` list (optional system turn, one user turn) as prompt text with placeholders."""
+def _from_messages(messages: Any, name: str) -> tuple[str, str | None, list[Any]]:
+    """A chat messages list (optional system turn, one user turn) as prompt text with placeholders, the
+    system text and the images given inline (``{"type": "image", "image": ...}``)."""
     if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
-        raise DataError("wrong type: want a list of {role, content} messages", category="wrong type", field="messages")
-    system = None
+        raise DataError("wrong type: want a list of {role, content} messages", category="wrong type", field=name)
+    system, inline = None, []
     if messages and messages[0].get("role") == "system":
-        system = _content_text(messages[0].get("content"))
+        system = _content_text(messages[0].get("content"), name, inline)
         messages = messages[1:]
     if len(messages) != 1 or messages[0].get("role") != "user":
-        raise DataError("want one user message (after an optional system message)", category="wrong type", field="messages")
-    return _content_text(messages[0].get("content")), system
+        raise DataError("want one user message (after an optional system message)", category="wrong type", field=name)
+    return _content_text(messages[0].get("content"), name, inline), system, inline
 
 
-def _content_text(content: Any) -> str:
+def _content_text(content: Any, name: str, inline: list[Any]) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
@@ -264,12 +269,14 @@ def _content_text(content: Any) -> str:
             kind = part.get("type") if isinstance(part, dict) else None
             if kind == "image":
                 parts.append(IMAGE_PLACEHOLDER)
+                if part.get("image") is not None:
+                    inline.append(part["image"])
             elif kind == "text" and isinstance(part.get("text"), str):
                 parts.append(part["text"])
             else:
-                raise DataError(f"unknown content part {part!r:.80}", category="wrong type", field="messages")
+                raise DataError(f"unknown content part {part!r:.80}", category="wrong type", field=name)
         return "".join(parts)
-    raise DataError(f"wrong type for content: {type(content).__name__}", category="wrong type", field="messages")
+    raise DataError(f"wrong type for content: {type(content).__name__}", category="wrong type", field=name)
 
 
 def prompt_length(record: Record, processor_or_tokenizer: Any, *, system_prompt: str | None = None,

@@ -137,6 +137,12 @@ def test_column_map_aliases_and_messages(tmp_path):
     assert [r.prompt for r in records] == ["<image>Find x.", "2+2?", "<image>Colour?"]
     assert [r.answer for r in records] == ["5", "4", "red"]
     assert records[2].system == "Be brief." and len(records[0].images) == 1
+    # TRL's conversational form: `prompt` is itself a messages list; images inline or in `images`.
+    conversational = [{"prompt": [{"role": "user", "content": [{"type": "image", "image": "a.png"}, {"type": "text", "text": "Colour?"}]}]},
+                      {"prompt": [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Colour?"}]}], "images": ["a.png"]}]  # fmt: skip
+    (tmp_path / "c.jsonl").write_text("\n".join(json.dumps(r) for r in conversational))
+    records, _ = read_records(tmp_path / "c.jsonl")
+    assert [r.prompt for r in records] == ["<image>Colour?"] * 2 and all(r.images[0].getpixel((0, 0)) == RED for r in records)
     # An explicit map wins over the aliases: "question" stays metadata when "q" is mapped to prompt.
     (tmp_path / "m.jsonl").write_text(json.dumps({"q": "hi", "question": "other"}))
     (rec,), _ = read_records(tmp_path / "m.jsonl", column_map={"q": "prompt"})
