@@ -78,3 +78,24 @@ def _decode(tok: Any, ids: list[int], eos_ids: set[int]) -> Generation:
             ids, reason = ids[: pos + 1], "stop"  # what follows is padding
             break
     return Generation(tok.decode(ids, skip_special_tokens=True), len(ids), reason)
+
+
+def generate_with_engine(engine: Any, processor: Any, records: list[Any], *, system_prompt: str | None,
+                         prompt_template: str | None, n: int = 1, temperature: float = 0.0, top_p: float = 1.0,
+                         max_new_tokens: int = 512, seed: int = 0) -> list[list[Generation]]:  # fmt: skip
+    """As :func:`generate`, through a rollout engine (``vlrft.rollout``): what the policy trainer uses,
+    so an in-training evaluation shares the trainer's engine (sharded models, vLLM) and prompt encoding."""
+    from data_pipelines.collate import encode_prompt
+    from vlrft.rollout import SamplingParams
+
+    sample = temperature > 0
+    prompts = [encode_prompt(processor, r, system_prompt=system_prompt, prompt_template=prompt_template) for r in records]
+    sampling = SamplingParams(n=n if sample else 1, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens)
+    device = next(engine.model.parameters()).device if hasattr(engine, "model") else torch.device("cpu")
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(seed)
+        rollouts = engine.generate(prompts, sampling)
+    results: list[list[Generation]] = [[] for _ in records]
+    for r in rollouts:
+        results[r.prompt_index].append(Generation(r.text, int(r.response_ids.numel()), r.finish_reason))
+    return results if sample else [g * n for g in results]

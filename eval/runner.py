@@ -20,7 +20,7 @@ from typing import Any, Sequence
 
 from data_pipelines.records import PromptRecord
 from eval.benchmarks import Benchmark, get_benchmark
-from eval.generation import Generation, generate
+from eval.generation import Generation, generate, generate_with_engine
 from eval.metrics import summarize
 from reward_models.verifiers import Verifier, get_verifier
 
@@ -113,14 +113,15 @@ def evaluate(model: Any, processor_or_tokenizer: Any, records: Sequence[PromptRe
              n: int = 1, temperature: float = 0.0, top_p: float = 1.0, max_new_tokens: int = 512,
              batch_size: int = 8, seed: int = 0, system_prompt: str | None = None, out_dir: str | Path | None = None,
              resume: bool = True, report: bool = True, progress: bool = False, image_kwargs: dict[str, Any] | None = None,
-             run_info: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+             engine: Any = None, run_info: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
     """Evaluate ``model`` on ``records`` of ``benchmark``; returns the metrics (see ``eval.metrics.summarize``).
 
     With ``out_dir``: writes ``samples.jsonl`` (appended per batch), ``metrics.json``, ``report.html``
     and ``run.json`` (the settings; a resumed run must match them), and with ``resume`` skips problems
     already in ``samples.jsonl``. Without it nothing is written (the in-training use). Images are
     loaded by ``data_pipelines.images.load_image(**image_kwargs)``; the default leaves their size to the
-    processor (``max_pixels=None``).
+    processor (``max_pixels=None``). With ``engine`` (a ``vlrft.rollout`` engine, e.g. the trainer's),
+    generation goes through it and its prompt encoding instead (``image_kwargs`` then does not apply).
     """
     from data_pipelines.formatting import apply_template, build_messages
 
@@ -157,10 +158,14 @@ def evaluate(model: Any, processor_or_tokenizer: Any, records: Sequence[PromptRe
             todo = [r for r in batch if r.id not in done]
             if not todo:
                 continue
-            messages = [build_messages(r, system_prompt=system_prompt, prompt_template=bench.prompt_template,
-                                       image_kwargs=image_kwargs or {"max_pixels": None}) for r in todo]  # fmt: skip
-            gens = generate(model, processor_or_tokenizer, messages, n=n, temperature=temperature, top_p=top_p,
-                            max_new_tokens=max_new_tokens, seed=seed + index)  # fmt: skip
+            sampling = dict(n=n, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed + index)
+            if engine is not None:
+                gens = generate_with_engine(engine, processor_or_tokenizer, todo, system_prompt=system_prompt,
+                                            prompt_template=bench.prompt_template, **sampling)  # fmt: skip
+            else:
+                messages = [build_messages(r, system_prompt=system_prompt, prompt_template=bench.prompt_template,
+                                           image_kwargs=image_kwargs or {"max_pixels": None}) for r in todo]  # fmt: skip
+                gens = generate(model, processor_or_tokenizer, messages, **sampling)
             rows = [score_problem(r, g, verifier, apply_template(r.prompt, bench.prompt_template))
                     for r, g in zip(todo, gens)]  # fmt: skip
             if samples_file is not None:  # one write per batch: a kill leaves whole batches (or one torn line)

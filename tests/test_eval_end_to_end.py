@@ -169,3 +169,22 @@ def test_prompt_records_with_relative_images(tiny_model, shared_data, tmp_path):
     model, processor = load_policy(tiny_model("qwen2_5_vl"))
     out = evaluate(model, processor, records, get_benchmark("mine", verifier="math_boxed"), max_new_tokens=4)
     assert out["num_problems"] == 1 and isinstance(records[0], PromptRecord)
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "qwen2_5_vl"])
+def test_evaluate_through_the_trainers_rollout_engine(arch, tiny_model, shared_data, tmp_path):
+    from vlrft.rollout import make_engine
+
+    model, processor = load_policy(tiny_model(arch))
+    name, data, split = ("gsm8k", shared_data / "gsm8k" / "test.jsonl", "test") if arch == "qwen2" else \
+        ("geo3k", shared_data / "geo3k_examples", "train")  # fmt: skip
+    records = get_benchmark(name).load(data, split=split)[:4]
+    direct = evaluate(model, processor, records, name, max_new_tokens=12, batch_size=2, out_dir=tmp_path / "direct")
+    engine = make_engine("hf", model, processor)
+    via = evaluate(model, processor, records, name, max_new_tokens=12, batch_size=2, out_dir=tmp_path / "engine", engine=engine)
+    texts = [[r["text"] for r in json.loads(line)["responses"]] for d in ("direct", "engine")
+             for line in (tmp_path / d / "samples.jsonl").read_text().splitlines()]  # fmt: skip
+    assert texts[:4] == texts[4:] and direct == via
+    sampled = evaluate(model, processor, records, name, n=3, temperature=1.0, max_new_tokens=8, engine=engine, seed=1)
+    assert sampled["n"] == 3 and sampled == evaluate(model, processor, records, name, n=3, temperature=1.0,
+                                                     max_new_tokens=8, engine=engine, seed=1)  # fmt: skip
