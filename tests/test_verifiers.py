@@ -345,3 +345,24 @@ def test_docs_rule_verifiers_example_runs(tmp_path):
     assert "response_length=448).score  # -0.5" in section  # the values the example states in comments:
     assert get_verifier("length_penalty", max_length=512, cache_length=128)("x", None, response_length=448).score == -0.5
     assert get_verifier("gsm8k")("... #### 1,000", "1000").correct
+
+
+def test_math_boxed_from_concurrent_threads_does_not_serialise_on_hostile_inputs():
+    v = get_verifier("math_boxed", timeout_s=1.0)
+    math_worker.prestart(4)
+    jobs = [("\\boxed{10^{10^{10}}}", "1", False), ("\\boxed{\\frac{1}{2}}", "0.5", True),
+            ("\\boxed{9^{9^{9^{9}}}}", "1", False), ("\\boxed{2\\pi}", "2 \\pi", True)]  # fmt: skip
+    out = {}
+
+    def work(i, response, gold):
+        t0 = time.monotonic()
+        out[i] = (v(response, gold).correct, time.monotonic() - t0)
+
+    threads = [threading.Thread(target=work, args=(i, r, g)) for i, (r, g, _) in enumerate(jobs)]
+    t0 = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert [out[i][0] for i in range(4)] == [want for *_, want in jobs]
+    assert time.monotonic() - t0 < 2.5  # four at once, not one after another behind the 1 s timeouts
