@@ -3,7 +3,8 @@
 Tasks (``TASKS``), each with exact answers:
 
 - ``"color"``: name the colour of the image (``mode="solid"``) or of the one shape on it
-  (``mode="object"``); ``num_colors`` 2..8 (default 4), 56x56 images by default (4 image tokens).
+  (``mode="object"``); ``num_colors`` 2..8 (default 4) or an explicit ``colors`` list, 56x56 images by
+  default (4 image tokens).
 - ``"shape"``: name the shape (circle, square, triangle, star, hexagon, cross, diamond, pentagon; the
   first ``num_shapes``).
 - ``"count_shapes"``: how many shapes of one kind; ``min_count``..``max_count``, ``distractors`` shapes
@@ -31,6 +32,7 @@ from data_pipelines.writers import write_records
 COLORS: dict[str, tuple[int, int, int]] = {
     "red": (220, 30, 30), "green": (30, 160, 50), "blue": (30, 70, 220), "yellow": (240, 210, 30),
     "purple": (130, 40, 170), "orange": (245, 130, 20), "black": (15, 15, 15), "white": (245, 245, 245),
+    "brown": (140, 85, 35), "pink": (245, 150, 190),  # only through `colors=` (num_colors takes the first 8)
 }  # fmt: skip
 SHAPES = ("circle", "square", "triangle", "star", "hexagon", "cross", "diamond", "pentagon")
 PLURALS = {"cross": "crosses"}
@@ -101,12 +103,18 @@ def _check_range(name: str, value: int, lo: int, hi: int) -> None:
         raise ValueError(f"{name} must be in {lo}..{hi}, got {value}")
 
 
-def _color(n: int, rng: random.Random, *, num_colors: int = 4, image_size: int = 56, mode: str = "solid",
-           noise: int = 0, question: str | None = None) -> list[tuple]:  # fmt: skip
-    _check_range("num_colors", num_colors, 2, len(COLORS))
+def _color(n: int, rng: random.Random, *, num_colors: int = 4, colors: list[str] | None = None, image_size: int = 56,
+           mode: str = "solid", noise: int = 0, question: str | None = None) -> list[tuple]:  # fmt: skip
     if mode not in ("solid", "object"):
         raise ValueError(f"mode must be 'solid' or 'object', got {mode!r}")
-    vocab = list(COLORS)[:num_colors]
+    if colors is None:
+        _check_range("num_colors", num_colors, 2, 8)
+        vocab = list(COLORS)[:num_colors]
+    else:  # an explicit palette, e.g. words the tokenizer keeps whole
+        vocab = list(colors)
+        unknown = [c for c in vocab if c not in COLORS]
+        if unknown or len(set(vocab)) != len(vocab) or len(vocab) < 2:
+            raise ValueError(f"colors must be 2+ distinct names from {list(COLORS)}, got {colors!r}")
     question = question or ("What colour is this image? Answer with one word." if mode == "solid"
                             else "What colour is the shape? Answer with one word.")  # fmt: skip
     out = []

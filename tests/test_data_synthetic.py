@@ -42,7 +42,12 @@ def test_color_images_have_the_named_colour_and_labels_are_balanced():
         assert (np.asarray(rec.images[0]) == COLORS[rec.answer]).all()
     assert Counter(r.answer for r in records) == {"red": 10, "green": 10, "blue": 10, "yellow": 10}
     eight = make_prompt_records("color", 16, seed=0, num_colors=8)
-    assert sorted(set(r.answer for r in eight)) == sorted(COLORS) and eight[0].metadata["vocabulary"] == list(COLORS)
+    assert sorted(set(r.answer for r in eight)) == sorted(list(COLORS)[:8]) and eight[0].metadata["vocabulary"] == list(COLORS)[:8]
+    chosen = make_prompt_records("color", 8, seed=0, colors=["red", "green", "brown", "pink"])
+    assert Counter(r.answer for r in chosen) == {"red": 2, "green": 2, "brown": 2, "pink": 2}
+    assert all((np.asarray(r.images[0]) == COLORS[r.answer]).all() for r in chosen)
+    with pytest.raises(ValueError, match=r"colors must be 2\+ distinct names"):
+        make_prompt_records("color", 1, colors=["red", "teal"])
     two = make_prompt_records("color", 6, seed=0, num_colors=2)
     assert Counter(r.answer for r in two) == {"red": 3, "green": 3}
     with pytest.raises(ValueError, match="num_colors must be in 2..8"):
