@@ -221,3 +221,15 @@ def test_bad_row_in_a_folder_source_names_the_file(tmp_path):
     with pytest.raises(DataError) as info:
         read_records(tmp_path, split="test")
     assert str(info.value) == f"{tmp_path}:data/test-00001-of-00002.jsonl:2 field 'prompt': wrong type: want text, got int"
+
+
+def test_data_error_survives_pickling_and_reads_as_documented():
+    import pickle
+
+    err = DataError("truncated PNG (image file is truncated)", category="truncated image", source="d.jsonl", row=3, field="images[1]")
+    assert str(err) == "d.jsonl:3 field 'images[1]': truncated PNG (image file is truncated)"
+    back = pickle.loads(pickle.dumps(err))  # DataLoader workers send errors across processes
+    assert (str(back), back.category, back.row, back.field) == (str(err), "truncated image", 3, "images[1]")
+    assert isinstance(back, ValueError)
+    bare = DataError("empty prompt", field="prompt")
+    assert str(bare) == "field 'prompt': empty prompt" and str(bare.located(source="x.csv", row=2)) == "x.csv:2 field 'prompt': empty prompt"
