@@ -102,8 +102,8 @@ def _check_run(out_dir: Path, run: dict[str, Any], resume: bool) -> None:
         old = json.loads(path.read_text())
         diff = {k: (old.get(k), v) for k, v in run.items() if k != "batch_size" and old.get(k) != v}
         if diff:
-            raise ValueError(f"{out_dir} holds a run with other settings ({', '.join(f'{k}: {a!r} -> {b!r}' for k, (a, b) in diff.items())}); "
-                             "use another --out or --overwrite")  # fmt: skip
+            changes = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in diff.items())
+            raise ValueError(f"{out_dir} holds a run with other settings ({changes}); use another --out or --overwrite")
     elif (out_dir / SAMPLES).exists():
         (out_dir / SAMPLES).unlink()
     _write_json(path, run)
@@ -208,7 +208,8 @@ def load_policy(model: str | Path, *, device: str = "cpu", dtype: str | None = N
         name: str | Path = path
     else:
         if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
-            raise FileNotFoundError(f"--model {model}: no such folder, and hub ids need the network (HF_HUB_OFFLINE is set)")
+            raise FileNotFoundError(f"--model {model}: no such folder, and hub ids need the network "
+                                    "(HF_HUB_OFFLINE is set)")  # fmt: skip
         name = str(model)
     config = AutoConfig.from_pretrained(name)
     kwargs = {"dtype": getattr(torch, dtype)} if dtype else {}
