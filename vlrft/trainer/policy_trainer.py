@@ -10,6 +10,7 @@ checkpoints and held-out evaluation happen around it.
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -75,6 +76,7 @@ class PolicyTrainer:
         self.normalizer = RunningRewardNormalizer() if a.normalize_rewards else None
         self.step = 0
         self.cursor = 0  # prompts consumed so far (global), defines the data position
+        self._step_prompt_ids: list[str] = []
         self.history: list[dict[str, float]] = []
         self.out = Path(cfg.train.output_dir)
 
@@ -98,6 +100,7 @@ class PolicyTrainer:
                 self._order_cache = (episode, self._order(episode))
             picked.append(self.train_records[self._order_cache[1][offset]])
         self.cursor += count
+        self._step_prompt_ids += [r.id for r in picked]
         s = self.strategy
         return picked[s.rank :: s.world_size]
 
@@ -348,6 +351,7 @@ class PolicyTrainer:
             self._evaluate("before")
         while self.step < self.total_steps:
             metrics: dict[str, float] = {}
+            self._step_prompt_ids = []
             t_step = time.perf_counter()
             exp = self.make_experience(metrics)
             self.train_on(exp, metrics)
@@ -362,6 +366,7 @@ class PolicyTrainer:
                 self.tracker.log(metrics, self.step)
                 self.tracker.advance(metrics.get("reward/combined", 0.0))
                 self._log_samples()
+                _append_jsonl(self.out / "data_order.jsonl", {"step": self.step, "prompt_ids": self._step_prompt_ids})
             if self.evaluate_fn is not None and cfg.train.eval_every and self.step % cfg.train.eval_every == 0 \
                     and self.step < self.total_steps:  # fmt: skip
                 self._evaluate("step")
@@ -391,8 +396,6 @@ class PolicyTrainer:
     def _log_samples(self) -> None:
         if not self.strategy.is_rank0 or self.cfg.train.log_samples <= 0:
             return
-        import json
-
         records, rollouts, per_source, rewards, adv = self._last_rollouts
         path = self.out / "samples.jsonl"
         with open(path, "a") as f:
@@ -437,8 +440,27 @@ class PolicyTrainer:
         if self.normalizer is not None and state["normalizer"] is not None:
             self.normalizer.load_state_dict(state["normalizer"])
         set_rng_state(state["rng"])
+        if self.strategy.is_rank0:  # logs written after the checkpoint belong to steps that will be redone
+            for name in ("metrics.jsonl", "samples.jsonl", "data_order.jsonl"):
+                _truncate_jsonl(self.out / name, self.step)
+        self.strategy.barrier()
         if self.tracker is not None:
             self.tracker.print(f"resumed from {path} at step {self.step}")
+
+
+def _append_jsonl(path: Path, row: dict) -> None:
+    with open(path, "a") as f:
+        f.write(json.dumps(row) + "\n")
+
+
+def _truncate_jsonl(path: Path, last_step: int) -> None:
+    """Keep the rows of steps <= ``last_step`` (rows are JSON objects with a ``step``)."""
+    if not path.is_file():
+        return
+    keep = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line).get("step", 0) <= last_step]
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(line + "\n" for line in keep))
+    tmp.replace(path)
 
 
 def _image_ref(rec: PromptRecord) -> Any:
