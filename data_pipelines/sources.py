@@ -48,9 +48,9 @@ def file_rows(path: Path) -> Rows:
                         category="unknown format", source=path)  # fmt: skip
     if fmt == "parquet":
         return _parquet_rows(path)
-    data = path.read_bytes()
     if fmt == "jsonl":
-        return _jsonl_rows(data)
+        return _jsonl_file_rows(path)
+    data = path.read_bytes()
     text = _decode_utf8(data, path)
     return _json_rows(text, data, path) if fmt == "json" else _csv_rows(text, path)
 
@@ -79,10 +79,16 @@ def _decode_utf8(data: bytes, path: Path) -> str:
                         category="non-UTF-8", source=path, row=line) from exc  # fmt: skip
 
 
-def _jsonl_rows(data: bytes) -> Rows:
-    if data.startswith(b"\xef\xbb\xbf"):
-        data = data[3:]
-    for number, line in enumerate(data.split(b"\n"), 1):
+def _jsonl_file_rows(path: Path) -> Rows:
+    with open(path, "rb") as f:  # streamed: a large file is never held whole
+        yield from _jsonl_rows(f)
+
+
+def _jsonl_rows(lines: Any) -> Rows:
+    for number, line in enumerate(lines, 1):
+        line = line.rstrip(b"\r\n")
+        if number == 1 and line.startswith(b"\xef\xbb\xbf"):
+            line = line[3:]
         if not line.strip():
             continue
         try:
@@ -111,7 +117,7 @@ def _json_rows(text: str, data: bytes, path: Path) -> Rows:
         obj = json.loads(text)
     except json.JSONDecodeError as exc:
         if exc.msg == "Extra data":  # JSON Lines under a .json name
-            yield from _jsonl_rows(data)
+            yield from _jsonl_rows(data.split(b"\n"))
             return
         raise DataError(f"invalid JSON ({exc.msg} at column {exc.colno})", category="invalid JSON",
                         source=path, row=exc.lineno) from exc  # fmt: skip

@@ -211,3 +211,9 @@ def test_filter_by_prompt_length_counts_image_tokens(tiny_model, tmp_path):
     assert filter_by_prompt_length([text], processor.tokenizer, n_text) == [text]
     with pytest.raises(ValueError, match="need the model's processor"):
         filter_by_prompt_length([small], processor.tokenizer, 100)
+
+
+def test_jsonl_with_bom_and_crlf_line_ends(tmp_path):
+    (tmp_path / "d.jsonl").write_bytes(b'\xef\xbb\xbf{"prompt": "first"}\r\n\r\n{"prompt": "second"}\r\n')
+    records, _ = read_records(tmp_path / "d.jsonl")
+    assert [(r.id, r.prompt) for r in records] == [("d-1", "first"), ("d-3", "second")]  # ids carry the line
