@@ -67,7 +67,7 @@ class Verifier:
 
 
 def _need_answer(name: str, answer: str | None) -> str:
-    if answer is None:
+    if answer is None or not str(answer).strip():
         raise ValueError(f"verifier {name!r} needs a reference answer (the record's 'answer' field is empty)")
     return answer
 
@@ -157,11 +157,11 @@ class MultipleChoiceVerifier(Verifier):
         gold = _need_answer(self.name, answer).strip()
         choices = metadata.get("choices")
         letters = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"[: len(choices)] if choices else "ABCD"
-        gold_letter = choice_letter(gold, letters, choices) if len(gold) > 1 else gold.upper()
-        if gold_letter not in letters and choices:
+        gold_letter = (choice_letter(gold, letters, choices) if len(gold) > 1 else gold.upper()) or ""
+        if (len(gold_letter) != 1 or gold_letter not in letters) and choices:
             keys = [normalize_latex(c) for c in choices]
-            gold_letter = letters[keys.index(normalize_latex(gold))] if normalize_latex(gold) in keys else None
-        if gold_letter is None or gold_letter not in letters:
+            gold_letter = letters[keys.index(normalize_latex(gold))] if normalize_latex(gold) in keys else ""
+        if len(gold_letter) != 1 or gold_letter not in letters:
             raise ValueError(f"verifier {self.name!r}: reference answer {gold!r} is not one of the letters {letters}")
         extracted = choice_letter(response, letters, choices)
         correct = extracted == gold_letter
@@ -252,6 +252,18 @@ class VocabAnswerVerifier(Verifier):
         return VerifierResult(float(correct), extracted, correct, extracted is not None and region == extracted)
 
 
+class VocabFormatVerifier(VocabAnswerVerifier):
+    """Format reward of closed-vocabulary tasks: 1 when the answer region names any word of the
+    record's ``vocabulary`` (right or wrong), else 0 -- R1-style format credit for the answer shape."""
+
+    name = "vocab_format"
+
+    def check(self, response, answer, vocabulary=None, **metadata):
+        res = super().check(response, answer, vocabulary=vocabulary, **metadata)
+        found = res.extracted is not None
+        return VerifierResult(float(found), res.extracted, found, res.format_ok)
+
+
 VERIFIERS: dict[str, Verifier] = {
     v.name: v
     for v in (
@@ -263,6 +275,7 @@ VERIFIERS: dict[str, Verifier] = {
         LengthPenaltyVerifier(),
         ExactMatchVerifier(),
         VocabAnswerVerifier(),
+        VocabFormatVerifier(),
     )
 }
 

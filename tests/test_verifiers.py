@@ -132,6 +132,9 @@ LETTERS = [  # (response, gold, correct, extracted, metadata)
     ("\\boxed{5\\sqrt{2}}", "C", False, "B", {"choices": ["5", "5 \\sqrt { 2 }", "5 \\sqrt { 3 }", "10"]}),
     ("\\boxed{7}", "C", False, None, {"choices": ["5", "6", "8", "10"]}),
     ("\\boxed{C}", "8", True, "C", {"choices": ["5", "6", "8", "10"]}),
+    ("\\boxed{D}", "13.5", True, "D", {"choices": ["8", "10", "12", "13.5"]}),
+    ("\\boxed{13.5}", "13.5", True, "D", {"choices": ["8", "10", "12", "13.5"]}),
+    ("\\boxed{C}", "13.5", False, "C", {"choices": ["8", "10", "12", "13.5"]}),
     ("\\boxed{A} then \\boxed{C}", "C", True, "C", {}),
     ("\\boxed{C} then \\boxed{A}", "C", False, "A", {}),
     ("\\boxed{AB}", "A", False, None, {}),
@@ -241,6 +244,9 @@ def test_gsm8k_bad_reference_is_an_error_not_a_zero():
         get_verifier("gsm8k")("#### 3", "three")
     with pytest.raises(ValueError, match="needs a reference answer"):
         get_verifier("gsm8k")("#### 3", None)
+    for name in ("math_boxed", "exact_match", "multiple_choice"):
+        with pytest.raises(ValueError, match="needs a reference answer"):
+            get_verifier(name)("\\boxed{}", "  ")
 
 
 def test_math_boxed_table():
@@ -252,6 +258,8 @@ def test_multiple_choice_table():
     _check("multiple_choice", LETTERS)
     with pytest.raises(ValueError, match="not one of the letters"):
         get_verifier("multiple_choice")("\\boxed{A}", "Z")
+    with pytest.raises(ValueError, match="not one of the letters"):
+        get_verifier("multiple_choice")("\\boxed{A}", "14", choices=["8", "10", "12", "13.5"])
 
 
 def test_format_table():
