@@ -31,6 +31,16 @@ def conversation(prompt: str, images: list[Any], response: str | None, system: s
     return build_messages(record, response=response)
 
 
+def load_processor(path: str | Any) -> Any:
+    """The processor of a Qwen-VL folder, or the tokenizer of a text-only one."""
+    import vlrft.models  # noqa: F401  (image-only processors)
+    from transformers import AutoConfig, AutoProcessor, AutoTokenizer
+
+    if hasattr(AutoConfig.from_pretrained(str(path)), "vision_config"):
+        return AutoProcessor.from_pretrained(str(path))
+    return AutoTokenizer.from_pretrained(str(path))
+
+
 def _is_processor(processor: Any) -> bool:
     return hasattr(processor, "image_processor")
 

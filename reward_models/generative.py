@@ -12,8 +12,10 @@ Anything else (no tag, an empty tag, another word, a number that is not finite) 
 :class:`JudgmentParser` returns its configured ``default`` and counts it. Model text is only matched
 with regular expressions and ``float()``; it is never evaluated.
 
-The judge prompt used when the GRM scores a (prompt, response) in the reward pool is
-:data:`POINTWISE_JUDGE_TEMPLATE` (configurable), with the record's images in the user turn.
+The judge prompt used when the GRM scores a (prompt, response) in the reward pool is the system turn
+:data:`JUDGE_SYSTEM_PROMPT` and the user turn :data:`POINTWISE_JUDGE_TEMPLATE` (both configurable),
+with the record's images in the user turn; :func:`pointwise_judgment_record` builds training records
+in that format.
 """
 
 from __future__ import annotations
@@ -26,18 +28,22 @@ from typing import Any
 
 import torch
 
+from data_pipelines.records import JudgmentRecord, PromptRecord
+
 ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
 YES = ("yes", "true", "correct")
 NO = ("no", "false", "incorrect")
 NUMBER_RE = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?")
 MODES = ("pointwise", "pairwise")
 
-# The pointwise judge prompt of data_pipelines.synthetic (JUDGE_POINTWISE), so a judge trained on its
-# judgment records scores pool samples with the prompt it learned on. Images go first (or at <image>).
-POINTWISE_JUDGE_TEMPLATE = (
-    "Question: {prompt}\nCandidate answer: {response}\n"
-    "Is the candidate answer correct? Answer with <answer>yes</answer> or <answer>no</answer>."
+# The judge prompt the reward pool uses for a (prompt, response): the instruction is the system turn and
+# the candidate answer ends the user turn, right before the judgment (a tiny judge learns this layout
+# several times faster than one with the instruction after the candidate). Images go first (or at <image>).
+JUDGE_SYSTEM_PROMPT = (
+    "You are a judge. Reply <answer>yes</answer> if the candidate answer to the question is correct, "
+    "otherwise <answer>no</answer>."
 )
+POINTWISE_JUDGE_TEMPLATE = "Question: {prompt}\nCandidate answer: {response}"
 
 
 def extract_answer(judgment: str) -> str | None:
@@ -95,14 +101,28 @@ def judgment_prompt(prompt: str, response: str, template: str = POINTWISE_JUDGE_
     return template.replace("{prompt}", prompt).replace("{response}", response)
 
 
+def pointwise_judgment_record(record: PromptRecord, response: str, correct: bool, rationale: str = "",
+                              template: str = POINTWISE_JUDGE_TEMPLATE,
+                              system: str = JUDGE_SYSTEM_PROMPT) -> JudgmentRecord:  # fmt: skip
+    """A judge training record in the pool's judge format: target ``[rationale ]<answer>yes|no</answer>``."""
+    verdict = "yes" if correct else "no"
+    return JudgmentRecord(
+        id=f"{record.id}/{response}", prompt=judgment_prompt(record.prompt, response, template), images=record.images,
+        target=(f"{rationale} " if rationale else "") + f"<answer>{verdict}</answer>", task=record.task,
+        system=system, metadata={**record.metadata, "candidate": response, "verdict": verdict},
+    )  # fmt: skip
+
+
 class GenerativeRewardModel:
     """A judge (causal LM + processor) that scores responses by generating and parsing judgments."""
 
     def __init__(self, model: Any, processor: Any, template: str = POINTWISE_JUDGE_TEMPLATE,
-                 max_new_tokens: int = 32, default: float = 0.0, score_max: float = 1.0):  # fmt: skip
+                 system: str = JUDGE_SYSTEM_PROMPT, max_new_tokens: int = 32, default: float = 0.0,
+                 score_max: float = 1.0):  # fmt: skip
         self.model = model
         self.processor = processor
         self.template = template
+        self.system = system or None
         self.max_new_tokens = max_new_tokens
         self.parser = JudgmentParser("pointwise", default, score_max)
 
@@ -121,27 +141,21 @@ class GenerativeRewardModel:
     def score(self, items: list[tuple[str, list[Any], str, str | None]], micro_batch_size: int = 8,
               device: torch.device | str | None = None) -> tuple[torch.Tensor, list[str]]:  # fmt: skip
         """Rewards ``[N]`` and judgments for ``(prompt, images, response, system)`` items."""
-        judge_items = [(judgment_prompt(p, r, self.template), ims, s) for p, ims, r, s in items]
+        judge_items = [(judgment_prompt(p, r, self.template), ims, self.system) for p, ims, r, _ in items]
         texts = self.judge(judge_items, micro_batch_size, device)
         return torch.tensor([self.parser.reward(t) for t in texts], dtype=torch.float32), texts
 
 
 def load_judge(path: str | Path, dtype: torch.dtype | None = None) -> tuple[Any, Any]:
     """A judge checkpoint: ``AutoModelForImageTextToText`` (VL) or ``AutoModelForCausalLM`` (text), + processor."""
-    import vlrft.models  # noqa: F401  (image-only processors)
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
-    config = AutoConfig.from_pretrained(str(path))
-    is_vl = hasattr(config, "vision_config")
+    from reward_models.encoding import load_processor
+
+    is_vl = hasattr(AutoConfig.from_pretrained(str(path)), "vision_config")
     auto = AutoModelForImageTextToText if is_vl else AutoModelForCausalLM
     model = auto.from_pretrained(str(path), dtype=dtype or torch.float32)
-    if is_vl:
-        processor = AutoProcessor.from_pretrained(str(path))
-    else:
-        from transformers import AutoTokenizer
-
-        processor = AutoTokenizer.from_pretrained(str(path))
-    return model, processor
+    return model, load_processor(path)
 
 
 @torch.no_grad()

@@ -100,7 +100,7 @@ class ScalarRewardModel(nn.Module):
             logits = logits.masked_fill(attention_mask == 0, torch.finfo(logits.dtype).min)
             weights = torch.softmax(logits, dim=-1).to(hidden.dtype)
             pooled = torch.einsum("bt,bth->bh", weights, hidden)
-        return self.score(pooled).squeeze(-1).float()
+        return self.score(pooled).squeeze(-1).float().clone()  # not a view (FSDP2 hooks the output)
 
     def gradient_checkpointing_enable(self, **kwargs: Any) -> None:
         self.backbone.gradient_checkpointing_enable(**kwargs)

@@ -16,6 +16,8 @@ COMMANDS = [
     "vlrft.commands.train_policy",
     "vlrft.commands.eval",
     "vlrft.commands.prepare_data",
+    "vlrft.commands.train_reward_model",
+    "vlrft.commands.eval_reward_model",
 ]
 
 

@@ -1,0 +1,80 @@
+"""Accuracy of a trained reward model on held-out records (``vlrft eval-reward-model``).
+
+- SRM (a folder with ``vlrft_reward_head.json``) on preference pairs: pairwise accuracy = share of
+  non-tied pairs with ``r(chosen) > r(rejected)``; also the mean reward margin.
+- GRM (any other model folder) on judgment records: judgment accuracy = share of records whose greedy
+  judgment has the same verdict as the target (:func:`~reward_models.generative.parse_judgment`);
+  unparsable judgments count as wrong and are reported.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def load_eval_records(data: str, kind: str, on_bad_record: str = "error", synthetic_options: dict | None = None,
+                      judge_mode: str = "pointwise") -> list:  # fmt: skip
+    """Records from a file/folder, or ``synthetic:TASK[:N[:SEED]]`` (default 128 records, seed 1)."""
+    if data.startswith("synthetic:"):
+        from data_pipelines import synthetic
+
+        parts = data.split(":")
+        task = parts[1]
+        n = int(parts[2]) if len(parts) > 2 else 128
+        seed = int(parts[3]) if len(parts) > 3 else 1
+        opts = dict(synthetic_options or {})
+        if kind == "preference":
+            return synthetic.make_preference_pairs(task, n, seed, **opts)
+        return synthetic.make_judgment_records(task, n, seed, mode=judge_mode, **opts)
+    from data_pipelines.readers import read_records
+
+    records, report = read_records(data, kind=kind, on_bad_record=on_bad_record)
+    if report.skipped:
+        print(report.summary())
+    return records
+
+
+@torch.no_grad()
+def evaluate_reward_model(model_dir: str | Path, data: str, batch_size: int = 16, max_new_tokens: int = 24,
+                          judge_mode: str = "pointwise", on_bad_record: str = "error",
+                          synthetic_options: dict | None = None, device: str | None = None) -> dict[str, Any]:  # fmt: skip
+    """Metrics of the reward model in ``model_dir`` on ``data`` (see the module doc)."""
+    from reward_models.scalar import HEAD_CONFIG
+
+    model_dir = Path(model_dir)
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if (model_dir / HEAD_CONFIG).is_file():
+        from reward_models.encoding import load_processor
+        from reward_models.scalar import ScalarRewardModel, score_responses
+
+        pairs = load_eval_records(data, "preference", on_bad_record, synthetic_options)
+        model = ScalarRewardModel.from_pretrained(model_dir).to(dev)
+        processor = load_processor(str(model_dir))
+        items = [(p.prompt, p.images, p.chosen, p.system) for p in pairs]
+        items += [(p.prompt, p.images, p.rejected, p.system) for p in pairs]
+        rewards = score_responses(model, processor, items, batch_size, device=dev)
+        chosen, rejected = rewards[: len(pairs)], rewards[len(pairs) :]
+        keep = torch.tensor([not p.tie for p in pairs])
+        n = int(keep.sum())
+        return {"kind": "srm", "n": n, "pairwise_accuracy": float(((chosen > rejected) & keep).sum()) / max(n, 1),
+                "mean_margin": float((chosen - rejected)[keep].mean()) if n else float("nan")}  # fmt: skip
+    from reward_models.generative import generate_judgments, load_judge, parse_judgment
+
+    records = load_eval_records(data, "judgment", on_bad_record, synthetic_options, judge_mode)
+    model, processor = load_judge(model_dir)
+    model.to(dev)
+    texts = generate_judgments(model, processor, [(r.prompt, r.images, r.system) for r in records],
+                               max_new_tokens, batch_size, dev)  # fmt: skip
+    correct = counted = unparsable = 0
+    for rec, text in zip(records, texts):
+        want = parse_judgment(rec.target, judge_mode)
+        if want is None:
+            continue
+        got = parse_judgment(text, judge_mode)
+        counted += 1
+        correct += int(got == want)
+        unparsable += int(got is None)
+    return {"kind": "grm", "n": counted, "judgment_accuracy": correct / max(counted, 1), "unparsable": unparsable}

@@ -1,0 +1,288 @@
+"""The reward-model training loop (SRM on preference pairs, GRM on judgment records), top to bottom.
+
+One loop for both kinds and all strategies (single, FSDP2, DeepSpeed): the data order is a pure
+function of (seed, step), so a checkpoint needs only the strategy's state, the step and the RNG
+states to resume exactly. Held-out accuracy every ``eval_every`` steps: pairwise accuracy (SRM,
+``r(chosen) > r(rejected)`` on non-tied pairs) or judgment accuracy (GRM: the greedy judgment's
+verdict equals the target's verdict).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from reward_models.config import RewardModelTrainConfig
+from reward_models.encoding import encode_responses, encode_sft, model_inputs
+from reward_models.generative import generate_judgments, parse_judgment
+from reward_models.losses import bradley_terry_loss
+from reward_models.tracking import Tracker
+
+CKPT_PREFIX = "step_"
+
+
+# -- data ----------------------------------------------------------------------------------------
+def load_records(cfg: RewardModelTrainConfig) -> tuple[list, list]:
+    """(train, held-out) records: PreferencePair for srm, JudgmentRecord for grm."""
+    kind = "preference" if cfg.model.kind == "srm" else "judgment"
+    d = cfg.data
+    if not d.train_source:
+        from data_pipelines import synthetic
+
+        make = synthetic.make_preference_pairs if kind == "preference" else synthetic.make_judgment_records
+        opts = dict(d.synthetic_options)
+        return (make(d.synthetic_task, d.synthetic_train_size, d.synthetic_seed, **opts),
+                make(d.synthetic_task, d.synthetic_eval_size, d.synthetic_seed + 1, **opts))  # fmt: skip
+    train = _read(d.train_source, kind, d.on_bad_record)
+    if d.eval_source:
+        return train, _read(d.eval_source, kind, d.on_bad_record)
+    n_eval = int(round(len(train) * d.eval_fraction))
+    order = torch.randperm(len(train), generator=torch.Generator().manual_seed(d.synthetic_seed)).tolist()
+    return [train[i] for i in order[n_eval:]], [train[i] for i in order[:n_eval]]
+
+
+def _read(source: str, kind: str, on_bad_record: str) -> list:
+    from data_pipelines.readers import read_records
+
+    records, report = read_records(source, kind=kind, on_bad_record=on_bad_record)
+    if report.skipped:
+        print(report.summary())
+    return records
+
+
+def batch_indices(n: int, step: int, batch_size: int, rank: int, world: int, seed: int) -> list[int]:
+    """This rank's record indices at ``step``: consecutive slices of per-epoch permutations."""
+    global_bs = batch_size * world
+    start = step * global_bs + rank * batch_size
+    out = []
+    for pos in range(start, start + batch_size):
+        epoch, i = divmod(pos, n)
+        perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 100_003 + epoch))
+        out.append(int(perm[i]))
+    return out
+
+
+def _system(record: Any, cfg: RewardModelTrainConfig) -> str | None:
+    return record.system or cfg.data.system_prompt or None
+
+
+def srm_batch(processor: Any, pairs: list, cfg: RewardModelTrainConfig) -> dict:
+    """Chosen conversations then rejected ones, in one right-padded batch of 2B rows."""
+    items = [(p.prompt, p.images, p.chosen, _system(p, cfg)) for p in pairs]
+    items += [(p.prompt, p.images, p.rejected, _system(p, cfg)) for p in pairs]
+    ids = [p.id for p in pairs] * 2
+    return encode_responses(processor, items, cfg.data.max_length, ids)
+
+
+def grm_batch(processor: Any, records: list, cfg: RewardModelTrainConfig) -> dict:
+    items = [(r.prompt, r.images, r.target, _system(r, cfg)) for r in records]
+    return encode_sft(processor, items, cfg.data.max_length, [r.id for r in records])
+
+
+# -- losses --------------------------------------------------------------------------------------
+def srm_loss(model: Any, batch: dict, pairs: list, cfg: RewardModelTrainConfig, device) -> tuple[torch.Tensor, dict]:
+    rewards = model(**model_inputs(batch, device))
+    b = len(pairs)
+    chosen, rejected = rewards[:b], rewards[b:]
+    margin = torch.tensor([p.margin for p in pairs], device=rewards.device) if cfg.loss.use_margin else None
+    tie = torch.tensor([p.tie for p in pairs], device=rewards.device)
+    loss = bradley_terry_loss(chosen, rejected, margin, tie, cfg.loss.tie_mode, cfg.loss.log_theta).mean()
+    with torch.no_grad():
+        keep = ~tie
+        acc = ((chosen > rejected) & keep).float().sum() / keep.float().sum().clamp(min=1)
+    return loss, {"loss": loss.detach(), "accuracy": acc, "reward_chosen": chosen.detach().mean(),
+                  "reward_rejected": rejected.detach().mean()}  # fmt: skip
+
+
+def grm_loss(model: Any, batch: dict, device) -> tuple[torch.Tensor, dict]:
+    """Token-mean cross-entropy on the judge's answer tokens only (labels -100 elsewhere)."""
+    labels = batch["labels"].to(device)
+    logits = model(**model_inputs(batch, device)).logits.float()
+    shift_logits, shift_labels = logits[:, :-1], labels[:, 1:]
+    loss = torch.nn.functional.cross_entropy(shift_logits.reshape(-1, shift_logits.shape[-1]),
+                                             shift_labels.reshape(-1), ignore_index=-100)  # fmt: skip
+    with torch.no_grad():
+        mask = shift_labels != -100
+        tok_acc = ((shift_logits.argmax(-1) == shift_labels) & mask).sum() / mask.sum().clamp(min=1)
+    return loss, {"loss": loss.detach(), "token_accuracy": tok_acc}
+
+
+# -- evaluation ----------------------------------------------------------------------------------
+def _shard(records: list, rank: int, world: int) -> list[tuple[Any, bool]]:
+    """This rank's held-out records, padded so every rank runs the same number of forwards."""
+    per_rank = math.ceil(len(records) / world)
+    mine = [(records[i], True) for i in range(rank, len(records), world)]
+    return mine + [(records[0], False)] * (per_rank - len(mine))
+
+
+@torch.no_grad()
+def evaluate(model: Any, processor: Any, records: list, cfg: RewardModelTrainConfig, strategy: Any) -> dict:
+    """Held-out pairwise accuracy (srm) or judgment accuracy (grm), over all ranks."""
+    if cfg.train.max_eval_records:
+        records = records[: cfg.train.max_eval_records]
+    shard = _shard(records, strategy.rank, strategy.world_size)
+    bs = cfg.train.eval_batch_size
+    correct = counted = unparsable = 0
+    model.eval()
+    for start in range(0, len(shard), bs):
+        chunk = shard[start : start + bs]
+        recs, real = [r for r, _ in chunk], [ok for _, ok in chunk]
+        if cfg.model.kind == "srm":
+            rewards = model(**model_inputs(srm_batch(processor, recs, cfg), strategy.device)).float()
+            ok = (rewards[: len(recs)] > rewards[len(recs) :]).tolist()
+            for rec, good, is_real in zip(recs, ok, real):
+                if is_real and not rec.tie:
+                    correct, counted = correct + int(good), counted + 1
+        else:
+            items = [(r.prompt, r.images, _system(r, cfg)) for r in recs]
+            texts = generate_judgments(strategy.unwrap(model), processor, items, cfg.judge.max_new_tokens, len(items),
+                                       strategy.device, synced_gpus=strategy.shards_parameters)  # fmt: skip
+            for rec, text, is_real in zip(recs, texts, real):
+                want = parse_judgment(rec.target, cfg.judge.mode, cfg.judge.score_max)
+                got = parse_judgment(text, cfg.judge.mode, cfg.judge.score_max)
+                if is_real and want is not None:
+                    counted += 1
+                    correct += int(got == want)
+                    unparsable += int(got is None)
+    model.train()
+    totals = strategy.all_reduce(torch.tensor([correct, counted, unparsable], dtype=torch.float64), op="sum")
+    correct, counted, unparsable = totals.tolist()
+    name = "pairwise_accuracy" if cfg.model.kind == "srm" else "judgment_accuracy"
+    out = {f"eval/{name}": correct / max(counted, 1), "eval/n": counted}
+    if cfg.model.kind == "grm":
+        out["eval/unparsable"] = unparsable
+    return out
+
+
+# -- checkpoints ---------------------------------------------------------------------------------
+def checkpoints(root: Path) -> list[Path]:
+    """Complete checkpoints under ``root``, oldest first."""
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if p.name.startswith(CKPT_PREFIX) and p.is_dir() and (p / "COMPLETE").is_file()]
+    return sorted(found, key=lambda p: int(p.name[len(CKPT_PREFIX) :]))
+
+
+def _resume_path(cfg: RewardModelTrainConfig, root: Path) -> Path | None:
+    if cfg.train.resume == "never":
+        return None
+    if cfg.train.resume == "auto":
+        found = checkpoints(root)
+        return found[-1] if found else None
+    path = Path(cfg.train.resume)
+    if not (path / "COMPLETE").is_file():
+        raise FileNotFoundError(f"train.resume={cfg.train.resume}: not a complete checkpoint folder")
+    return path
+
+
+# -- the loop ------------------------------------------------------------------------------------
+def build_model(cfg: RewardModelTrainConfig) -> tuple[torch.nn.Module, Any]:
+    """The model to train and its processor (tokenizer for text-only checkpoints)."""
+    from reward_models.generative import load_judge
+    from reward_models.scalar import ScalarRewardModel
+
+    dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
+    if not cfg.model.path:
+        raise ValueError("model.path is empty (train_reward_model fills it with a tiny model first)")
+    judge, processor = load_judge(cfg.model.path, dtype)
+    if cfg.model.kind == "grm":
+        return judge, processor
+    del judge
+    return ScalarRewardModel.from_backbone(cfg.model.path, cfg.model.pooling, dtype, seed=cfg.strategy.seed), processor
+
+
+def train_reward_model(cfg: RewardModelTrainConfig, records: tuple[list, list] | None = None) -> dict:
+    """Train, evaluate and export a reward model; returns the final metrics.
+
+    ``records`` = (train, held-out) in memory replaces ``cfg.data`` (programmatic use).
+    """
+    from vlrft.config import save_config
+    from vlrft.strategies import make_strategy, rng_state, seed_everything, set_rng_state
+
+    out = Path(cfg.train.output_dir)
+    strategy = make_strategy(cfg.strategy, cfg.optim)
+    if not cfg.model.path:  # a tiny random Qwen2.5-VL (same seed, same bytes on every rank)
+        from vlrft.models.tiny import make_tiny_model
+
+        tiny = out / "tiny_base"
+        if strategy.is_rank0 and not (tiny / "vlrft_tiny.json").is_file():
+            make_tiny_model(tiny, arch="qwen2_5_vl", seed=cfg.strategy.seed)
+        strategy.barrier()
+        cfg.model.path = str(tiny)
+    seed_everything(cfg.strategy.seed)
+    train, held_out = records if records is not None else load_records(cfg)
+    if not train:
+        raise ValueError("no training records (check data.train_source)")
+    model, processor = build_model(cfg)
+    model, _, _ = strategy.prepare(model, total_steps=cfg.train.max_steps)
+    ckpt_root = out / "checkpoints"
+    start = 0
+    resume = _resume_path(cfg, ckpt_root)
+    if resume is not None:
+        client = strategy.load_checkpoint(resume)
+        start = client["step"]
+        set_rng_state(client["rng"])
+    tracker = Tracker(out, cfg, strategy.is_rank0, start, cfg.train.max_steps)
+    if strategy.is_rank0:
+        save_config(cfg, out)
+        tracker.print(f"{cfg.model.kind}: {len(train)} train / {len(held_out)} held-out records, "
+                      f"world size {strategy.world_size}, " + (f"resumed from {resume}" if resume else "from scratch"))  # fmt: skip
+    if start == 0 and held_out:
+        tracker.log(evaluate(model, processor, held_out, cfg, strategy), 0)
+    model.train()
+    sums: dict[str, float] = {}
+    n_acc, t0 = 0, time.time()
+    for step in range(start, cfg.train.max_steps):
+        idx = batch_indices(len(train), step, cfg.train.batch_size, strategy.rank, strategy.world_size, cfg.strategy.seed)
+        records = [train[i] for i in idx]
+        if cfg.model.kind == "srm":
+            loss, metrics = srm_loss(model, srm_batch(processor, records, cfg), records, cfg, strategy.device)
+        else:
+            loss, metrics = grm_loss(model, grm_batch(processor, records, cfg), strategy.device)
+        strategy.backward(loss)
+        metrics["grad_norm"] = torch.tensor(strategy.step())
+        for k, v in metrics.items():
+            sums[k] = sums.get(k, 0.0) + float(v)
+        n_acc += 1
+        done = step + 1
+        tracker.advance(float(loss.detach()))
+        if done % cfg.train.log_every == 0 or done == cfg.train.max_steps:
+            avg = torch.tensor([sums[k] / n_acc for k in sorted(sums)], dtype=torch.float64)
+            avg = strategy.all_reduce(avg, op="mean")
+            row = {f"train/{k}": v for k, v in zip(sorted(sums), avg.tolist())}
+            row["train/lr"] = strategy.lr
+            row["train/steps_per_s"] = n_acc / max(time.time() - t0, 1e-9)
+            tracker.log(row, done)
+            sums, n_acc, t0 = {}, 0, time.time()
+        if held_out and cfg.train.eval_every and done % cfg.train.eval_every == 0 and done != cfg.train.max_steps:
+            tracker.log(evaluate(model, processor, held_out, cfg, strategy), done)
+        if cfg.train.save_every and done % cfg.train.save_every == 0 and done != cfg.train.max_steps:
+            _save(strategy, ckpt_root, done, cfg.train.keep_last)
+    final = evaluate(model, processor, held_out, cfg, strategy) if held_out else {}
+    tracker.log(final, cfg.train.max_steps)
+    _save(strategy, ckpt_root, cfg.train.max_steps, cfg.train.keep_last)
+    model_dir = out / "model"
+    strategy.save_pretrained(model_dir, processor)
+    tracker.close()
+    if strategy.is_rank0:
+        (out / "final_metrics.json").write_text(json.dumps(final, indent=2) + "\n")
+    return final
+
+
+def _save(strategy: Any, root: Path, step: int, keep_last: int) -> None:
+    from vlrft.strategies import rng_state
+
+    path = root / f"{CKPT_PREFIX}{step:08d}"
+    if path.exists() and (path / "COMPLETE").is_file():
+        return
+    strategy.save_checkpoint(path, {"step": step, "rng": rng_state()})
+    if strategy.is_rank0:
+        for old in checkpoints(root)[:-keep_last]:
+            shutil.rmtree(old, ignore_errors=True)
+    strategy.barrier()

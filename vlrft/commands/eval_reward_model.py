@@ -1,0 +1,46 @@
+"""``vlrft eval-reward-model MODEL DATA``: accuracy of a trained reward model on held-out records."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "eval-reward-model",
+        help="pairwise accuracy of an SRM on preference pairs, or judgment accuracy of a GRM",
+        description="Score DATA with the reward model in MODEL (a folder written by train-reward-model: "
+        "OUTPUT_DIR/model). An SRM folder (with vlrft_reward_head.json) is scored on preference pairs: "
+        "accuracy = share of non-tied pairs with r(chosen) > r(rejected). Any other folder is a judge scored "
+        "on judgment records: accuracy = share whose greedy judgment has the target's verdict. DATA is a "
+        "file or folder data_pipelines reads, or synthetic:TASK[:N[:SEED]] (e.g. synthetic:color:128:1).",
+    )
+    p.add_argument("model", help="reward model folder")
+    p.add_argument("data", help="records file/folder, or synthetic:TASK[:N[:SEED]]")
+    p.add_argument("--batch-size", type=int, default=16, help="records per forward (default 16)")
+    p.add_argument("--max-new-tokens", type=int, default=24, help="judgment length limit (GRM, default 24)")
+    p.add_argument("--judge-mode", default="pointwise", choices=("pointwise", "pairwise"),
+                   help="judgment format of the records (GRM, default pointwise)")  # fmt: skip
+    p.add_argument("--synthetic-option", action="append", default=[], metavar="KEY=INT",
+                   help="option of a synthetic task, e.g. num_colors=2 (repeatable)")  # fmt: skip
+    p.add_argument("--on-bad-record", default="error", choices=("error", "skip"), help="bad rows: stop or skip")
+    p.add_argument("--out", default=None, help="also write the metrics as JSON to this file")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    from reward_models.evaluate import evaluate_reward_model
+
+    metrics = evaluate_reward_model(
+        args.model, args.data, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
+        judge_mode=args.judge_mode, on_bad_record=args.on_bad_record,
+        synthetic_options={k: int(v) for k, v in (o.split("=", 1) for o in args.synthetic_option)},
+    )  # fmt: skip
+    text = json.dumps(metrics, indent=2)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    return 0
