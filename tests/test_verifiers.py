@@ -333,7 +333,8 @@ def test_hostile_inputs_return_within_the_limit_without_side_effects(tmp_path, i
     slow = [(n, s, round(dt, 2)) for n, s, dt, _ in results if dt > timeout_s + 0.5]
     assert not slow, slow
     assert not marker.exists()
-    wrong = [(n, s, r) for n, s, _, r in results if n not in ("format", "length_penalty") and r.correct]
+    # format-type verifiers credit the answer's shape, not its value; the rest must fail hostile text
+    wrong = [(n, s, r) for n, s, _, r in results if n != "length_penalty" and not n.endswith("format") and r.correct]
     assert not wrong, wrong
     timeouts = [s for n, s, _, r in results if r.error == "timeout"]
     assert any("10^{10^{10}}" in s for s in timeouts)  # the tower was cut by the limit, not parsed
