@@ -158,5 +158,10 @@ class PolicyTrainConfig:
                 f"train.train_batch_size={t.train_batch_size} must divide rollout_batch_size x "
                 f"n_samples_per_prompt = {total}"
             )
+        if not 0 <= self.algorithm.overlong_buffer_len <= r.max_new_tokens:
+            raise ValueError(
+                f"algorithm.overlong_buffer_len={self.algorithm.overlong_buffer_len} must lie in "
+                f"0..rollout.max_new_tokens ({r.max_new_tokens})"
+            )
         if self.algorithm.dual_clip and self.algorithm.dual_clip <= 1:
             raise ValueError(f"algorithm.dual_clip must be > 1 (or 0 for off), got {self.algorithm.dual_clip}")

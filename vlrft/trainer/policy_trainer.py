@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -134,6 +135,7 @@ class PolicyTrainer:
             combined, sources, pool_metrics = self._score(new_records, new_rollouts)
             t_reward += time.perf_counter() - t1
             if a.dynamic_sampling:  # DAPO: keep only groups whose rewards differ
+                last_draw = (list(new_records), list(new_prompts), list(new_rollouts), combined, dict(sources))
                 gids = torch.tensor([x.prompt_index for x in new_rollouts])
                 keep, _ = filter_zero_variance_groups(combined, gids)
                 kept_groups = sorted({int(g) for g in gids[keep]})[: per_rank - len(records)]
@@ -141,9 +143,7 @@ class PolicyTrainer:
                 remap = {g: len(records) + i for i, g in enumerate(kept_groups)}
                 new_records = [new_records[g] for g in kept_groups]
                 new_prompts = [new_prompts[g] for g in kept_groups]
-                new_rollouts = [x for x, s in zip(new_rollouts, sel.tolist()) if s]
-                for x in new_rollouts:
-                    x.prompt_index = remap[x.prompt_index]
+                new_rollouts = [replace(x, prompt_index=remap[x.prompt_index]) for x, k in zip(new_rollouts, sel.tolist()) if k]
                 combined, sources = combined[sel], {k: v[sel] for k, v in sources.items()}
             else:
                 for x in new_rollouts:
@@ -160,11 +160,13 @@ class PolicyTrainer:
             filled = self.strategy.all_reduce(torch.tensor(float(len(records) >= per_rank)), "mean")
             if float(filled) == 1.0 or tries >= a.max_sampling_tries:
                 break
-        if float(self.strategy.all_reduce(torch.tensor(float(len(rollouts) == 0)), "max")):
-            raise RuntimeError(
-                f"dynamic sampling kept no group in {tries} tries: every group had zero reward variance "
-                "(all right or all wrong). Raise algorithm.max_sampling_tries or turn dynamic_sampling off."
-            )
+        exhausted = a.dynamic_sampling and float(self.strategy.all_reduce(torch.tensor(float(len(rollouts) == 0)), "max"))
+        if exhausted:
+            # every group of max_sampling_tries rounds had zero reward variance: train on the last round
+            # (its advantages are all zero, so the update only keeps the optimizer schedule in step)
+            records, prompts, rollouts, last, last_sources = last_draw
+            rewards, per_source = [last], {k: [v] for k, v in last_sources.items()}
+        metrics["dynamic_sampling/exhausted"] = float(bool(exhausted))
         metrics["dynamic_sampling/tries"] = float(tries)
         metrics["time/rollout"] = time.perf_counter() - t0 - t_reward
         metrics["time/reward"] = t_reward
@@ -328,7 +330,7 @@ class PolicyTrainer:
             clip_high=a.clip_high, dual_clip=a.dual_clip or None, **agg_kw, **extra,
         )  # fmt: skip
         metrics = {f"policy/{k}": float(v) for k, v in metrics.items()}
-        metrics["policy/loss"] = float(loss)
+        metrics["policy/loss"] = float(loss.detach())
         agg = {k: agg_kw[k] for k in ("global_token_count", "num_sequences", "max_response_length")}
         if "ref_log_probs" in mb:
             kl = kl_penalty(logp, mb["ref_log_probs"].to(dev), a.kl_estimator)
