@@ -1,8 +1,8 @@
-"""Scalar reward model (SRM): a Qwen(-VL) backbone with a linear head that reads one reward per sequence.
+"""Scalar reward model (SRM): a Qwen(-VL) backbone with a linear head (no bias) that reads one reward per sequence.
 
 The backbone is the base model that ``AutoModel`` builds from a Qwen-VL (or text Qwen) checkpoint:
 ``Qwen2_5_VLModel`` (vision encoder + language model) or ``Qwen2Model``; its final hidden states are
-pooled and a ``Linear(hidden, 1)`` head (``score``) gives the reward. Pooling:
+pooled and a ``Linear(hidden, 1, bias=False)`` head (``score``) gives the reward. Pooling:
 
 - ``last_token``: the hidden state of the last non-padding token (the assistant turn's ``<|im_end|>``),
   as in InstructGPT/OpenRLHF reward models; left and right padding both work.
@@ -47,10 +47,11 @@ class ScalarRewardModel(nn.Module):
         self.pooling = pooling
         hidden = backbone.config.get_text_config().hidden_size
         gen = torch.Generator().manual_seed(seed)
-        self.score = nn.Linear(hidden, 1)
-        with torch.no_grad():  # OpenRLHF's value-head init: N(0, 1/(hidden+1)), zero bias
+        # No bias: Bradley-Terry sees only reward differences, so a bias gets no gradient (only rounding
+        # noise, which Adam would blow up to lr-sized steps). Init as OpenRLHF's value head: N(0, 1/(hidden+1)).
+        self.score = nn.Linear(hidden, 1, bias=False)
+        with torch.no_grad():
             self.score.weight.copy_(torch.randn(1, hidden, generator=gen) / (hidden + 1) ** 0.5)
-            self.score.bias.zero_()
         self.pool_query = nn.Linear(hidden, 1, bias=False) if pooling == "attention" else None
         if self.pool_query is not None:
             with torch.no_grad():
@@ -110,7 +111,7 @@ class ScalarRewardModel(nn.Module):
         return {
             "format": "vlrft_scalar_reward_model",
             "version": 1,
-            "head": "score: Linear(hidden_size, 1) on the pooled final hidden state",
+            "head": "score: Linear(hidden_size, 1, bias=False) on the pooled final hidden state",
             "pooling": self.pooling,
             "hidden_size": self.score.in_features,
             "backbone_class": type(self.backbone).__name__,
