@@ -35,8 +35,7 @@ def main() -> None:
     model, proc = load_policy(model_dir)
     records = make_prompt_records("color", 4, seed=5)
     pool = RewardPool(cfg.reward)
-    pool.accuracy_source = "accuracy"
-    trainer = PolicyTrainer(cfg, strategy, model, proc, records, pool)
+    trainer = PolicyTrainer(cfg, strategy, model, proc, records, pool, accuracy=("accuracy", "vocab_answer"))
     mine = records[strategy.rank :: strategy.world_size]
     tok = proc.tokenizer
     rollouts = []

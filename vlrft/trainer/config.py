@@ -115,6 +115,7 @@ class PolicyTrainLoopConfig:
     max_epochs: int = option(1, "passes over each rollout batch (PPO epochs)")
     eval_every: int = option(20, "held-out evaluation every N steps (0: only before and after)")
     eval_temperature: float = option(0.0, "held-out evaluation temperature (0: greedy)")
+    eval_n: int = option(1, "responses per held-out prompt (pass@k for k <= eval_n)")
     save_every: int = option(0, "checkpoint every N steps (0: only at the end)")
     keep_last: int = option(2, "checkpoints kept")
     resume: str = option("auto", "auto: newest complete checkpoint in output_dir; never; or a checkpoint path")

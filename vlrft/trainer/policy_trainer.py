@@ -57,13 +57,16 @@ class PolicyTrainer:
         ref_model: torch.nn.Module | None = None,
         tracker: Any = None,
         evaluate_fn: Any = None,
+        accuracy: tuple[str, str] | None = None,
     ):
+        """``accuracy``: (reward source, its verifier) whose score > 0.5 counts as a correct response."""
         self.cfg, self.strategy, self.processor = cfg, strategy, processor
         self.tokenizer = tokenizer_of(processor)
         self.pad_id = self.tokenizer.pad_token_id
         self.train_records, self.eval_records = train_records, eval_records or []
         self.reward_pool, self.ref_model, self.tracker = reward_pool, ref_model, tracker
         self.evaluate_fn = evaluate_fn
+        self.accuracy_source, self.accuracy_verifier = accuracy or (None, None)
         r = cfg.rollout
         self.steps_per_episode = max(1, len(train_records) // r.rollout_batch_size)
         self.total_steps = cfg.train.max_steps or self.steps_per_episode * cfg.train.num_episodes
@@ -212,9 +215,8 @@ class PolicyTrainer:
         metrics["reward/combined"] = float(rewards_t.mean())
         for k, v in per_source_t.items():
             metrics[f"reward/{k}"] = float(v.mean())
-        acc_key = self.reward_pool.accuracy_source if hasattr(self.reward_pool, "accuracy_source") else None
-        if acc_key and acc_key in per_source_t:
-            metrics["accuracy"] = float((per_source_t[acc_key] > 0.5).float().mean())
+        if self.accuracy_source in per_source_t:
+            metrics["accuracy"] = float((per_source_t[self.accuracy_source] > 0.5).float().mean())
         metrics["response_length/mean"] = float(lengths.mean())
         metrics["response_length/clip_ratio"] = float(
             sum(x.finish_reason == "length" for x in rollouts) / len(rollouts)

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from data_pipelines.records import PromptRecord
-from vlrft.config import save_config
+from vlrft.config import ConfigError, save_config
 from vlrft.trainer.config import SYNTHETIC_PREFIX, PolicyTrainConfig
 
 
@@ -42,27 +42,26 @@ def load_prompt_records(source: str, cfg: PolicyTrainConfig, size: int, seed: in
     return records
 
 
-def greedy_accuracy(trainer, records: list[PromptRecord] | None = None) -> dict[str, float]:
-    """Held-out accuracy of the current policy: one response per prompt at ``eval_temperature`` (0:
-    greedy), scored by the reward pool; this rank's share of the records, averaged over ranks."""
-    from data_pipelines.collate import encode_prompt
-    from vlrft.rollout import SamplingParams
+def heldout_eval(trainer, records: list[PromptRecord] | None = None) -> dict[str, float]:
+    """Held-out evaluation with the eval harness (``eval.runner.evaluate``) through the trainer's rollout
+    engine: ``train.eval_n`` responses per prompt at ``train.eval_temperature``, scored by the accuracy
+    source's verifier. Each rank evaluates its share; scalar metrics are averaged weighted by problems."""
+    from eval.benchmarks import user_benchmark
+    from eval.runner import evaluate
 
     cfg, s = trainer.cfg, trainer.strategy
     records = trainer.eval_records if records is None else records
     mine = records[s.rank :: s.world_size]
-    prompts = [encode_prompt(trainer.processor, r, system_prompt=cfg.data.system_prompt or None,
-                             prompt_template=cfg.data.prompt_template) for r in mine]  # fmt: skip
-    sampling = SamplingParams(n=1, temperature=cfg.train.eval_temperature, max_new_tokens=cfg.rollout.max_new_tokens,
-                              stop=list(cfg.rollout.stop))  # fmt: skip
-    rollouts = trainer.engine.generate(prompts, sampling)
-    out = trainer.reward_pool.score([mine[x.prompt_index] for x in rollouts], [x.text for x in rollouts])
-    acc_key = trainer.reward_pool.accuracy_source
-    correct = (out.per_source[acc_key] > 0.5).float()
-    totals = s.all_reduce(torch.tensor([float(correct.sum()), float(len(correct)),
-                                        float(sum(x.response_ids.numel() for x in rollouts))]), "sum")  # fmt: skip
-    n = max(1.0, float(totals[1]))
-    return {"accuracy": float(totals[0]) / n, "response_length": float(totals[2]) / n, "num_prompts": n}
+    bench = user_benchmark("heldout", trainer.accuracy_verifier, cfg.data.prompt_template)
+    metrics = evaluate(trainer.strategy.unwrap(), trainer.processor, mine, bench, n=cfg.train.eval_n,
+                       temperature=cfg.train.eval_temperature, max_new_tokens=cfg.rollout.max_new_tokens,
+                       batch_size=cfg.rollout.micro_rollout_batch_size, seed=cfg.train.seed,
+                       system_prompt=cfg.data.system_prompt or None, engine=trainer.engine)  # fmt: skip
+    keys = sorted(k for k, v in metrics.items() if isinstance(v, (int, float)) and k != "num_problems")
+    count = float(metrics["num_problems"])
+    totals = s.all_reduce(torch.tensor([count] + [float(metrics[k]) * count for k in keys], dtype=torch.float64), "sum")
+    n = max(1.0, float(totals[0]))
+    return {"num_prompts": n, **{k: float(v) / n for k, v in zip(keys, totals[1:].tolist())}}
 
 
 def plot_curves(history: list[dict[str, float]], evals: list[tuple[int, float]], path: Path) -> None:
@@ -122,14 +121,16 @@ def train_policy(cfg: PolicyTrainConfig) -> dict[str, Any]:
     eval_records = (load_prompt_records(cfg.data.eval_source, cfg, cfg.data.synthetic_eval_size, cfg.train.seed + 10_000)
                     if cfg.data.eval_source else [])  # fmt: skip
     pool = RewardPool(cfg.reward, device=strategy.device)
-    pool.accuracy_source = cfg.train.accuracy_source or next(
-        (s.name for s in cfg.reward.sources if s.kind == "verifier"), cfg.reward.sources[0].name
-    )
+    accuracy = cfg.train.accuracy_source or next((s.name for s in cfg.reward.sources if s.kind == "verifier"), "")
+    source = next((s for s in cfg.reward.sources if s.name == accuracy and s.kind == "verifier"), None)
+    if source is None:
+        raise ConfigError(f"train.accuracy_source={accuracy!r} must name a verifier source of reward.sources")
+    accuracy_verifier = source.verifier or source.name
     total = cfg.train.max_steps or max(1, len(train_records) // cfg.rollout.rollout_batch_size) * cfg.train.num_episodes
     tracker = Tracker(out, cfg, active=strategy.is_rank0, start_step=0, total_steps=total)
     trainer = PolicyTrainer(cfg, strategy, model, processor, train_records, pool, eval_records=eval_records,
-                            ref_model=ref_model, tracker=tracker,
-                            evaluate_fn=greedy_accuracy if eval_records else None)  # fmt: skip
+                            ref_model=ref_model, tracker=tracker, accuracy=(accuracy, accuracy_verifier),
+                            evaluate_fn=heldout_eval if eval_records else None)  # fmt: skip
     result = trainer.fit()
     final = out / "final"
     strategy.save_pretrained(final, processor)
