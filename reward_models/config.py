@@ -58,6 +58,8 @@ class RMJudgeConfig:
                        choices=("pointwise", "pairwise"))  # fmt: skip
     max_new_tokens: int = option(24, "judgment length limit in tokens when evaluating (<answer>yes</answer> is ~11 tiny-tokenizer tokens)")
     score_max: float = option(1.0, "pointwise numeric scores are divided by this")
+    verdict_loss_weight: float = option(1.0, "loss weight of the verdict tokens (inside the last <answer> tag) "
+                                        "relative to the other target tokens")  # fmt: skip
 
 
 @dataclass

@@ -143,7 +143,26 @@ def encode_sft(
             raise ValueError(f"{who}: the prompt's tokens are not a prefix of prompt+target's tokens")
         labels[i, np_:nf] = batch["input_ids"][i, np_:nf]
     batch["labels"] = labels
+    batch["verdict_mask"] = verdict_mask(tokenizer_of(processor), labels)
     return batch
+
+
+def verdict_mask(tokenizer: Any, labels: torch.Tensor) -> torch.Tensor:
+    """True at target tokens that write the content of the target's last ``<answer>...</answer>`` tag."""
+    mask = torch.zeros_like(labels, dtype=torch.bool)
+    for i in range(labels.shape[0]):
+        pos = (labels[i] != -100).nonzero().flatten().tolist()
+        ids = labels[i, pos].tolist()
+        text = tokenizer.decode(ids)
+        start, end = text.rfind("<answer>"), text.rfind("</answer>")
+        if start < 0 or end < start:
+            continue
+        start += len("<answer>")
+        for k in range(len(ids)):  # token k spans [len(decode(ids[:k])), len(decode(ids[:k+1])))
+            lo, hi = len(tokenizer.decode(ids[:k])), len(tokenizer.decode(ids[: k + 1]))
+            if hi > start and lo < end:
+                mask[i, pos[k]] = True
+    return mask
 
 
 def model_inputs(batch: dict, device: torch.device | str | None = None) -> dict:

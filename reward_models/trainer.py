@@ -100,17 +100,26 @@ def srm_loss(model: Any, batch: dict, pairs: list, cfg: RewardModelTrainConfig, 
                   "reward_rejected": rejected.detach().mean()}  # fmt: skip
 
 
-def grm_loss(model: Any, batch: dict, device) -> tuple[torch.Tensor, dict]:
-    """Token-mean cross-entropy on the judge's answer tokens only (labels -100 elsewhere)."""
+def grm_loss(model: Any, batch: dict, device, verdict_weight: float = 1.0) -> tuple[torch.Tensor, dict]:
+    """Weighted token-mean cross-entropy on the judge's target tokens only (labels -100 elsewhere).
+
+    Tokens of the verdict (inside the target's last ``<answer>`` tag) weigh ``verdict_weight``, the
+    other target tokens 1: ``sum_t w_t CE_t / sum_t w_t``.
+    """
     labels = batch["labels"].to(device)
     logits = model(**model_inputs(batch, device)).logits.float()
     shift_logits, shift_labels = logits[:, :-1], labels[:, 1:]
-    loss = torch.nn.functional.cross_entropy(shift_logits.reshape(-1, shift_logits.shape[-1]),
-                                             shift_labels.reshape(-1), ignore_index=-100)  # fmt: skip
+    ce = torch.nn.functional.cross_entropy(shift_logits.reshape(-1, shift_logits.shape[-1]),
+                                           shift_labels.reshape(-1), ignore_index=-100, reduction="none")  # fmt: skip
+    mask = (shift_labels != -100).reshape(-1).float()
+    weights = mask * (1 + (verdict_weight - 1) * batch["verdict_mask"][:, 1:].to(device).reshape(-1).float())
+    loss = (ce * weights).sum() / weights.sum().clamp(min=1)
     with torch.no_grad():
-        mask = shift_labels != -100
-        tok_acc = ((shift_logits.argmax(-1) == shift_labels) & mask).sum() / mask.sum().clamp(min=1)
-    return loss, {"loss": loss.detach(), "token_accuracy": tok_acc}
+        hit = (shift_logits.argmax(-1) == shift_labels).reshape(-1).float()
+        verdict = batch["verdict_mask"][:, 1:].to(device).reshape(-1).float()
+        tok_acc = (hit * mask).sum() / mask.sum().clamp(min=1)
+        verdict_acc = (hit * verdict).sum() / verdict.sum().clamp(min=1)
+    return loss, {"loss": loss.detach(), "token_accuracy": tok_acc, "verdict_token_accuracy": verdict_acc}
 
 
 # -- evaluation ----------------------------------------------------------------------------------
@@ -121,11 +130,29 @@ def _shard(records: list, rank: int, world: int) -> list[tuple[Any, bool]]:
     return mine + [(records[0], False)] * (per_rank - len(mine))
 
 
+_EVAL_COPY: dict[str, Any] = {}
+
+
 @torch.no_grad()
 def evaluate(model: Any, processor: Any, records: list, cfg: RewardModelTrainConfig, strategy: Any) -> dict:
     """Held-out pairwise accuracy (srm) or judgment accuracy (grm), over all ranks."""
     if cfg.train.max_eval_records:
         records = records[: cfg.train.max_eval_records]
+    if cfg.model.kind == "grm" and strategy.shards_parameters:
+        # generate() on a sharded (FSDP2 / ZeRO-3) HF model runs submodules outside the root's hooks;
+        # rank 0 generates with an unsharded copy holding the gathered weights instead.
+        state = strategy.full_state_dict()
+        result = None
+        if strategy.is_rank0:
+            if "judge" not in _EVAL_COPY:
+                from reward_models.generative import load_judge
+
+                _EVAL_COPY["judge"] = load_judge(cfg.model.path)[0]
+            judge = _EVAL_COPY["judge"]
+            judge.load_state_dict(state)
+            result = evaluate(judge, processor, records, cfg, _OneProcess(strategy.device))
+        strategy.barrier()
+        return strategy.broadcast_object(result)
     shard = _shard(records, strategy.rank, strategy.world_size)
     bs = cfg.train.eval_batch_size
     correct = counted = unparsable = 0
@@ -158,6 +185,21 @@ def evaluate(model: Any, processor: Any, records: list, cfg: RewardModelTrainCon
     if cfg.model.kind == "grm":
         out["eval/unparsable"] = unparsable
     return out
+
+
+class _OneProcess:
+    """The strategy surface :func:`evaluate` needs, for rank 0 alone."""
+
+    rank, world_size, shards_parameters = 0, 1, False
+
+    def __init__(self, device: torch.device):
+        self.device = device
+
+    def unwrap(self, model: Any) -> Any:
+        return model
+
+    def all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
+        return tensor
 
 
 # -- checkpoints ---------------------------------------------------------------------------------
@@ -244,7 +286,8 @@ def train_reward_model(cfg: RewardModelTrainConfig, records: tuple[list, list] |
         if cfg.model.kind == "srm":
             loss, metrics = srm_loss(model, srm_batch(processor, records, cfg), records, cfg, strategy.device)
         else:
-            loss, metrics = grm_loss(model, grm_batch(processor, records, cfg), strategy.device)
+            loss, metrics = grm_loss(model, grm_batch(processor, records, cfg), strategy.device,
+                                     cfg.judge.verdict_loss_weight)  # fmt: skip
         strategy.backward(loss)
         metrics["grad_norm"] = torch.tensor(strategy.step())
         for k, v in metrics.items():
