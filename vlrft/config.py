@@ -91,14 +91,17 @@ def _check_choices(obj: Any, prefix: str = "") -> None:
             raise ConfigError(f"config section '{prefix.rstrip('.') or '(top level)'}': {exc}") from exc
 
 
-def load_config(schema: type[T], path: str | Path | None = None, overrides: list[str] | tuple = ()) -> T:
-    """Defaults of ``schema`` <- YAML at ``path`` <- dotted ``key=value`` overrides, validated.
+def load_config(
+    schema: type[T], path: str | Path | list[str | Path] | None = None, overrides: list[str] | tuple = ()
+) -> T:
+    """Defaults of ``schema`` <- YAML at ``path`` (or several files, later ones winning) <- dotted
+    ``key=value`` overrides, validated.
 
     Returns an instance of ``schema``. Raises :class:`ConfigError` naming the key, its source and
     what was expected for unknown keys, wrong types, disallowed values and failed ``validate()`` checks.
     """
     cfg = OmegaConf.structured(schema)
-    if path is not None:
+    for path in [] if path is None else path if isinstance(path, (list, tuple)) else [path]:
         path = Path(path)
         if not path.is_file():
             raise ConfigError(f"config file {path} does not exist")

@@ -217,6 +217,42 @@ class Strategy:
                 model.config.use_cache = False
         return model
 
+    def _with_optimizer(self, model: torch.nn.Module, total_steps: int, trainable: bool):
+        """Frozen eval model, or the model with its AdamW and LR schedule (torch-native strategies)."""
+        if not trainable:
+            model.eval().requires_grad_(False)
+            return model, None, None
+        self.model = model
+        self.optimizer = make_optimizer(model.parameters(), self.optim_cfg)
+        self.scheduler = make_scheduler(self.optimizer, self.optim_cfg, total_steps)
+        return self.model, self.optimizer, self.scheduler
+
+    def _clip_and_step(self) -> float:
+        """Global-norm clipping, optimizer and scheduler step (torch-native strategies)."""
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        max_norm = self.cfg.grad_clip if self.cfg.grad_clip > 0 else float("inf")
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        if hasattr(norm, "full_tensor"):  # FSDP2: a DTensor, the norm over all shards
+            norm = norm.full_tensor()
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return float(norm)
+
+    def _save_atomically(self, path: str | Path, write) -> None:
+        """All ranks ``write(tmp_dir)`` into a fresh ``.tmp`` sibling of ``path``; rank 0 then renames it
+        into place with a COMPLETE marker. A crash at any point leaves the previous checkpoints intact."""
+        final = Path(path)
+        tmp = final.with_name(final.name + ".tmp")
+        if self.is_rank0:
+            atomic_dir(final)
+        self.barrier()
+        write(tmp)
+        self.barrier()
+        if self.is_rank0:
+            commit_dir(tmp, final)
+        self.barrier()
+
     # --- interface -----------------------------------------------------------------------------
     def prepare(self, model: torch.nn.Module, total_steps: int = 1, trainable: bool = True):
         """Wrap ``model`` (and build its optimizer and scheduler when ``trainable``)."""

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from vlrft.strategies.base import Strategy, atomic_dir, commit_dir, make_optimizer, make_scheduler
+from vlrft.strategies.base import Strategy, make_optimizer, make_scheduler
 
 
 class DeepSpeedStrategy(Strategy):
@@ -89,17 +89,11 @@ class DeepSpeedStrategy(Strategy):
         return self.engine.get_lr()[0] if self.engine is not None else 0.0
 
     def save_checkpoint(self, path: str | Path, client_state: dict[str, Any]) -> None:
-        final = Path(path)
-        tmp = final.with_name(final.name + ".tmp")
-        if self.is_rank0:
-            atomic_dir(final)
-        self.barrier()
-        self.engine.save_checkpoint(str(tmp), tag="ds", save_latest=False)
-        (tmp / f"client_rank{self.rank}.pkl").write_bytes(pickle.dumps(client_state))
-        self.barrier()
-        if self.is_rank0:
-            commit_dir(tmp, final)
-        self.barrier()
+        def write(tmp: Path) -> None:
+            self.engine.save_checkpoint(str(tmp), tag="ds", save_latest=False)
+            (tmp / f"client_rank{self.rank}.pkl").write_bytes(pickle.dumps(client_state))
+
+        self._save_atomically(path, write)
 
     def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
         path = Path(path)

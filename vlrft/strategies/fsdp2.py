@@ -18,7 +18,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
-from vlrft.strategies.base import Strategy, atomic_dir, commit_dir, make_optimizer, make_scheduler
+from vlrft.strategies.base import Strategy
 
 _BLOCK_CLASS_SUFFIXES = ("DecoderLayer", "VisionBlock")
 
@@ -50,28 +50,13 @@ class FSDP2Strategy(Strategy):
         model = self._adapt_model(model) if trainable else model
         if not self.cfg.cpu_offload:
             model = model.to(self.device)
-        model = self._shard(model)
-        if not trainable:
-            model.eval().requires_grad_(False)
-            return model, None, None
-        self.model = model
-        self.optimizer = make_optimizer(model.parameters(), self.optim_cfg)
-        self.scheduler = make_scheduler(self.optimizer, self.optim_cfg, total_steps)
-        return self.model, self.optimizer, self.scheduler
+        return self._with_optimizer(self._shard(model), total_steps, trainable)
 
     def backward(self, loss: torch.Tensor, last_micro_batch: bool = True) -> None:
         loss.backward()
 
     def step(self) -> float:
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        max_norm = self.cfg.grad_clip if self.cfg.grad_clip > 0 else float("inf")
-        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-        if hasattr(norm, "full_tensor"):  # a DTensor: the norm over all shards
-            norm = norm.full_tensor()
-        self.optimizer.step()
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return float(norm)
+        return self._clip_and_step()
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -79,21 +64,14 @@ class FSDP2Strategy(Strategy):
         return model_state
 
     def save_checkpoint(self, path: str | Path, client_state: dict[str, Any]) -> None:
-        final = Path(path)
-        tmp = final.with_name(final.name + ".tmp")
-        if self.is_rank0:
-            atomic_dir(final)
-        self.barrier()
-        model_state, optim_state = get_state_dict(self.model, self.optimizer)
-        dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=str(tmp / "dcp"))
-        # client state (RNG, data position) differs per rank: one file each
-        (tmp / f"client_rank{self.rank}.pkl").write_bytes(
-            pickle.dumps({"client_state": client_state, "scheduler": self.scheduler.state_dict()})
-        )
-        self.barrier()
-        if self.is_rank0:
-            commit_dir(tmp, final)
-        self.barrier()
+        def write(tmp: Path) -> None:
+            model_state, optim_state = get_state_dict(self.model, self.optimizer)
+            dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=str(tmp / "dcp"))
+            # client state (RNG, data position) differs per rank: one file each
+            extra = {"client_state": client_state, "scheduler": self.scheduler.state_dict()}
+            (tmp / f"client_rank{self.rank}.pkl").write_bytes(pickle.dumps(extra))
+
+        self._save_atomically(path, write)
 
     def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
         path = Path(path)

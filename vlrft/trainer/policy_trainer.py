@@ -68,6 +68,9 @@ class PolicyTrainer:
         self.evaluate_fn = evaluate_fn
         self.accuracy_source, self.accuracy_verifier = accuracy or (None, None)
         r = cfg.rollout
+        if r.rollout_batch_size % strategy.world_size:
+            raise ValueError(f"rollout.rollout_batch_size={r.rollout_batch_size} must be a multiple of the "
+                             f"number of processes ({strategy.world_size})")  # fmt: skip
         self.steps_per_episode = max(1, len(train_records) // r.rollout_batch_size)
         self.total_steps = cfg.train.max_steps or self.steps_per_episode * cfg.train.num_episodes
         self.model, self.optimizer, self.scheduler = strategy.prepare(model, total_steps=self.total_steps * self._updates_per_step())
@@ -121,7 +124,7 @@ class PolicyTrainer:
         return out.combined.float(), {k: v.float() for k, v in out.per_source.items()}, dict(out.metrics)
 
     def make_experience(self, metrics: dict[str, float]) -> Experience:
-        cfg, a, r = self.cfg, self.cfg.algorithm, self.cfg.rollout
+        a, r = self.cfg.algorithm, self.cfg.rollout
         sampling = SamplingParams(n=r.n_samples_per_prompt, temperature=r.temperature, top_p=r.top_p,
                                   top_k=r.top_k, max_new_tokens=r.max_new_tokens, stop=list(r.stop))  # fmt: skip
         per_rank = r.rollout_batch_size // self.strategy.world_size
@@ -278,11 +281,11 @@ class PolicyTrainer:
     # ----------------------------------------------------------------------------- update
     def train_on(self, exp: Experience, metrics: dict[str, float]) -> None:
         """``max_epochs`` passes of mini-batch updates over one rollout batch."""
-        cfg, a, s = self.cfg, self.cfg.algorithm, self.strategy
+        cfg, s = self.cfg, self.strategy
         n = len(exp)
         global_n = int(s.all_reduce(torch.tensor(float(n)), "sum"))
-        mini = (cfg.train.train_batch_size or global_n * 1) // s.world_size if cfg.train.train_batch_size else n
-        mini = max(1, min(mini, n))
+        # train_batch_size is global: each rank takes its share of every mini-batch (0: the whole batch)
+        mini = max(1, min(n, cfg.train.train_batch_size // s.world_size)) if cfg.train.train_batch_size else n
         micro = max(1, cfg.train.micro_train_batch_size)
         agg: dict[str, list[float]] = {}
         g = torch.Generator().manual_seed(cfg.train.seed * 7919 + self.step)

@@ -51,6 +51,8 @@ def heldout_eval(trainer, records: list[PromptRecord] | None = None) -> dict[str
 
     cfg, s = trainer.cfg, trainer.strategy
     records = trainer.eval_records if records is None else records
+    # sharded models generate in lockstep: every rank must make the same number of generate calls
+    records = records[: len(records) - len(records) % s.world_size]
     mine = records[s.rank :: s.world_size]
     bench = user_benchmark("heldout", trainer.accuracy_verifier, cfg.data.prompt_template)
     metrics = evaluate(trainer.strategy.unwrap(), trainer.processor, mine, bench, n=cfg.train.eval_n,
@@ -117,9 +119,20 @@ def train_policy(cfg: PolicyTrainConfig) -> dict[str, Any]:
     ref_model = None
     if cfg.algorithm.kl_coef > 0:
         ref_model, _ = strategy.prepare(load_policy(path, cfg.model.dtype)[0], trainable=False)[:2]
-    train_records = load_prompt_records(cfg.data.train_source, cfg, cfg.data.synthetic_train_size, cfg.train.seed)
-    eval_records = (load_prompt_records(cfg.data.eval_source, cfg, cfg.data.synthetic_eval_size, cfg.train.seed + 10_000)
-                    if cfg.data.eval_source else [])  # fmt: skip
+    from data_pipelines.readers import filter_by_prompt_length
+
+    def prompts(source: str, size: int, seed: int) -> list[PromptRecord]:
+        records = load_prompt_records(source, cfg, size, seed)
+        return filter_by_prompt_length(records, processor, cfg.data.max_prompt_length, cfg.data.on_bad_record,
+                                       system_prompt=cfg.data.system_prompt or None,
+                                       prompt_template=cfg.data.prompt_template)  # fmt: skip
+
+    train_records = prompts(cfg.data.train_source, cfg.data.synthetic_train_size, cfg.train.seed)
+    eval_records = prompts(cfg.data.eval_source, cfg.data.synthetic_eval_size, cfg.train.seed + 10_000) \
+        if cfg.data.eval_source else []  # fmt: skip
+    if len(train_records) < cfg.rollout.rollout_batch_size:
+        raise ConfigError(f"{cfg.data.train_source}: {len(train_records)} usable prompts, fewer than "
+                          f"rollout.rollout_batch_size={cfg.rollout.rollout_batch_size}")  # fmt: skip
     pool = RewardPool(cfg.reward, device=strategy.device)
     accuracy = cfg.train.accuracy_source or next((s.name for s in cfg.reward.sources if s.kind == "verifier"), "")
     source = next((s for s in cfg.reward.sources if s.name == accuracy and s.kind == "verifier"), None)

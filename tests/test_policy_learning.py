@@ -1,0 +1,73 @@
+"""Learning proofs: a tiny Qwen2.5-VL initialised at random learns, by RL alone, to name the colour of
+held-out images (4 colours: chance is 0.25, the random policy scores 0 because it names no colour).
+
+The default-suite proof is the embedded default of ``vlrft train-policy`` (vlrft/trainer/demo.yaml,
+GRPO). DAPO and GSPO, and FSDP2 / ZeRO-2 under torchrun, run the same task and are marked slow.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from vlrft.commands.train_policy import DEMO_CONFIG
+from vlrft.config import load_config
+from vlrft.trainer.config import PolicyTrainConfig
+from vlrft.trainer.run import train_policy
+
+REPO = Path(__file__).resolve().parents[1]
+RECIPES = REPO / "configs" / "policy"
+
+
+def _assert_learned(summary: dict, out: Path) -> None:
+    before, after = summary["eval_before"]["accuracy"], summary["eval_after"]["accuracy"]
+    assert summary["eval_before"]["num_prompts"] == 64
+    assert before <= 0.3, f"the random policy should be at or below chance, got {before}"
+    assert after >= 0.8, f"held-out accuracy after training {after} < 0.8 (before {before})"
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in rows if "reward/combined" in r]
+    # the metrics that show a collapsing policy are there, and this run did not collapse at the end
+    assert all("frac_reward_zero_std" in r and "entropy" in r for r in train)
+    assert train[-1]["accuracy"] >= 0.8
+
+
+def _config(tmp_path: Path, model_dir: Path, *extra_files: Path, overrides: tuple = ()) -> PolicyTrainConfig:
+    return load_config(PolicyTrainConfig, [DEMO_CONFIG, *extra_files],
+                       [f"model.path={model_dir}", f"train.output_dir={tmp_path}", "train.eval_every=0",
+                        "logging.tensorboard=false", "logging.progress_bar=false", *overrides])  # fmt: skip
+
+
+def test_grpo_learns_to_name_colours_from_scratch(tiny_model, tmp_path):
+    summary = train_policy(_config(tmp_path, tiny_model("qwen2_5_vl")))
+    _assert_learned(summary, tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("recipe, overrides", [
+    ("dapo", ("algorithm.overlong_buffer_len=0",)),
+    ("gspo", ("train.train_batch_size=128",)),
+])  # fmt: skip
+def test_recipe_learns_to_name_colours(recipe, overrides, tiny_model, tmp_path):
+    cfg = _config(tmp_path, tiny_model("qwen2_5_vl"), RECIPES / f"{recipe}.yaml",
+                  overrides=("rollout.n_samples_per_prompt=32", "train.max_steps=200", *overrides))  # fmt: skip
+    _assert_learned(train_policy(cfg), tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.parametrize("strategy", ["fsdp2", "deepspeed"])
+def test_distributed_strategy_learns(strategy, tiny_model, tmp_path):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+           str(29600 + os.getpid() % 1000), "-m", "vlrft", "train-policy", str(DEMO_CONFIG),
+           f"model.path={tiny_model('qwen2_5_vl')}", f"train.output_dir={tmp_path}", "train.eval_every=0",
+           f"strategy.name={strategy}", "strategy.zero_stage=2", "logging.tensorboard=false",
+           "logging.progress_bar=false"]  # fmt: skip
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3000)
+    assert res.returncode == 0, res.stderr[-5000:]
+    _assert_learned(json.loads((tmp_path / "summary.json").read_text()), tmp_path)
