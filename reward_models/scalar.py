@@ -90,9 +90,13 @@ class ScalarRewardModel(nn.Module):
         return model
 
     # -- forward --------------------------------------------------------------------------------
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **mm: Any) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, per_token: bool = False,
+                **mm: Any) -> torch.Tensor:  # fmt: skip
+        """Rewards ``[B]``; with ``per_token`` the head on every position, ``[B, T]`` (a PPO critic's values)."""
         out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **mm)
         hidden = out.last_hidden_state
+        if per_token:
+            return self.score(hidden).squeeze(-1).float().clone()
         if self.pooling == "last_token":
             idx = last_token_index(attention_mask)
             pooled = hidden[torch.arange(hidden.shape[0], device=hidden.device), idx]

@@ -90,7 +90,7 @@ class AlgorithmConfig:
     entropy_coef: float = option(0.0, "entropy bonus weight")
     gamma: float = option(1.0, "discount (gae, reinforce_plus_plus)")
     lam: float = option(1.0, "GAE lambda")
-    value_clip: float = option(0.2, "value-loss clip range (ppo with critic)")
+    value_clip: float = option(0.2, "value-loss clip range around the rollout-time values (ppo with critic; 0: off)")
     value_coef: float = option(0.5, "value-loss weight (ppo with critic)")
     dynamic_sampling: bool = option(False, "DAPO: drop zero-variance groups and draw more prompts")
     max_sampling_tries: int = option(4, "DAPO: generation rounds per step before training on what is kept")
@@ -100,6 +100,15 @@ class AlgorithmConfig:
     normalize_rewards: bool = option(False, "running mean/std reward normalisation")
     high_entropy_rho: float = option(1.0, "train only on the top rho fraction of tokens by entropy (1: all)")
     policy_drift_coef: float = option(0.1, "CPGD policy-drift weight")
+
+
+@dataclass
+class CriticConfig:
+    """The value model of PPO with GAE (used only when algorithm.advantage_estimator is gae)."""
+
+    path: str = option("", "an SRM folder (vlrft train-reward-model: the critic starts from the reward model, as "
+                       "in InstructGPT/OpenRLHF) or a Qwen(-VL) checkpoint (a fresh value head); empty: the policy's")  # fmt: skip
+    lr: float = option(5e-6, "critic learning rate (the rest of optim.* is shared with the policy)")
 
 
 @dataclass
@@ -144,6 +153,7 @@ class PolicyTrainConfig:
     rollout: RolloutConfig = option(RolloutConfig(), "sampling")
     algorithm: AlgorithmConfig = option(AlgorithmConfig(), "RL algorithm")
     reward: RewardPoolConfig = option(DEFAULT_REWARD, "reward pool: weighted sources, per-task recipes")
+    critic: CriticConfig = option(CriticConfig(), "value model (PPO with GAE)")
     optim: OptimConfig = option(OptimConfig(lr=1e-6), "AdamW and learning-rate schedule")
     strategy: StrategyConfig = option(StrategyConfig(), "single process, FSDP2 or DeepSpeed")
     train: PolicyTrainLoopConfig = option(PolicyTrainLoopConfig(), "loop, evaluation, checkpoints")

@@ -29,6 +29,8 @@ class Experience:
     advantages: torch.Tensor  # [N, R]
     group_ids: torch.Tensor  # [N]
     per_source: dict[str, torch.Tensor] = field(default_factory=dict)
+    values: torch.Tensor | None = None  # [N, R] critic values at rollout time (PPO with a critic)
+    returns: torch.Tensor | None = None  # [N, R] GAE returns, the critic's targets
 
     def __len__(self) -> int:
         return int(self.response_ids.shape[0])
@@ -47,7 +49,7 @@ class Experience:
         out["response_ids"] = self.response_ids[index][:, :rlen]
         out["response_mask"] = self.response_mask[index][:, :rlen]
         out["advantages"] = self.advantages[index][:, :rlen]
-        for name in ("old_log_probs", "ref_log_probs"):
+        for name in ("old_log_probs", "ref_log_probs", "values", "returns"):
             value = getattr(self, name)
             if value is not None:
                 out[name] = value[index][:, :rlen]
@@ -99,6 +101,17 @@ def response_logprobs(
     logp = logprobs_from_logits(picked, response_ids.to(device), temperature=temperature)
     entropy = entropy_from_logits(picked, temperature=temperature) if with_entropy else None
     return logp, entropy
+
+
+def response_values(
+    critic: torch.nn.Module, batch: dict[str, torch.Tensor], width: int, device: torch.device | None = None
+) -> torch.Tensor:
+    """A critic's values ``[N, width]`` of the states before each response token (a
+    ``ScalarRewardModel`` called with ``per_token=True``): value j is read at position prompt_len - 1 + j."""
+    device = device or next(critic.parameters()).device
+    values = critic(**model_inputs(batch, device), per_token=True)  # [N, T]
+    pos = (batch["prompt_lengths"].to(device) - 1)[:, None] + torch.arange(width, device=device)[None]
+    return values.gather(1, pos.clamp(max=values.shape[1] - 1))
 
 
 def response_tensors(responses: list[torch.Tensor], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:

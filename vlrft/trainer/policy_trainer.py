@@ -35,12 +35,13 @@ from vlrft.algorithms import (
     high_entropy_mask,
     kl_penalty,
     overlong_penalty,
+    value_loss,
 )
 from vlrft.rollout import SamplingParams, make_engine
 from vlrft.strategies import Strategy, rng_state, set_rng_state
 from vlrft.trainer.checkpoints import latest_checkpoint, prune_checkpoints
 from vlrft.trainer.config import PolicyTrainConfig
-from vlrft.trainer.experience import Experience, response_logprobs, response_tensors
+from vlrft.trainer.experience import Experience, response_logprobs, response_tensors, response_values
 
 
 class PolicyTrainer:
@@ -58,8 +59,10 @@ class PolicyTrainer:
         tracker: Any = None,
         evaluate_fn: Any = None,
         accuracy: tuple[str, str] | None = None,
+        critic: tuple[torch.nn.Module, Strategy] | None = None,
     ):
-        """``accuracy``: (reward source, its verifier) whose score > 0.5 counts as a correct response."""
+        """``accuracy``: (reward source, its verifier) whose score > 0.5 counts as a correct response.
+        ``critic``: (value model, its own strategy) for PPO with GAE; its optimizer is built here."""
         self.cfg, self.strategy, self.processor = cfg, strategy, processor
         self.tokenizer = tokenizer_of(processor)
         self.pad_id = self.tokenizer.pad_token_id
@@ -75,6 +78,11 @@ class PolicyTrainer:
         self.total_steps = cfg.train.max_steps or self.steps_per_episode * cfg.train.num_episodes
         self.model, self.optimizer, self.scheduler = strategy.prepare(model, total_steps=self.total_steps * self._updates_per_step())
         self.train_module = getattr(strategy, "engine", None) or self.model
+        self.critic = self.critic_strategy = None
+        if critic is not None:
+            self.critic_strategy = critic[1]
+            self.critic = critic[1].prepare(critic[0], total_steps=self.total_steps * self._updates_per_step())[0]
+            self.critic_module = getattr(critic[1], "engine", None) or self.critic
         self.engine = make_engine(r.engine, strategy.unwrap(), processor, synced=strategy.shards_parameters,
                                   micro_batch_size=r.micro_rollout_batch_size)  # fmt: skip
         a = cfg.algorithm
@@ -211,7 +219,8 @@ class PolicyTrainer:
             old = old_logp if old_logp is not None else self._logprobs(self.model, batch, response_ids)
             kl = kl_penalty(old, ref_logp, a.kl_estimator)
             token_rewards = apply_kl_penalty(shaped, kl, response_mask, self.kl_ctl.value)
-        advantages = self._global_advantages(token_rewards, response_mask, group_ids)
+        values = self._values(batch, response_ids) if self.critic is not None else None
+        advantages, returns = self._global_advantages(token_rewards, response_mask, group_ids, values)
 
         # metrics of the rollout
         lengths = batch["response_lengths"].float()
@@ -231,7 +240,7 @@ class PolicyTrainer:
         metrics["advantages/abs_mean"] = float(advantages[response_mask.bool()].abs().mean()) if response_mask.any() else 0.0
         self._last_rollouts = (records, rollouts, per_source_t, rewards_t, advantages)
         return Experience(batch, response_ids, response_mask, old_logp, ref_logp, rewards_t, advantages, group_ids,
-                          per_source_t)  # fmt: skip
+                          per_source_t, values, returns if values is not None else None)  # fmt: skip
 
     @torch.no_grad()
     def _logprobs(self, model, batch, response_ids) -> torch.Tensor:
@@ -252,31 +261,46 @@ class PolicyTrainer:
         model.train(was)
         return torch.cat(outs)
 
+    @torch.no_grad()
+    def _values(self, batch, response_ids) -> torch.Tensor:
+        """The critic's values ``[N, R]`` at rollout time (micro-batched)."""
+        critic = self.critic
+        was = critic.training
+        critic.eval()
+        mb = self.cfg.train.micro_train_batch_size
+        dummy = Experience(batch, response_ids, torch.ones_like(response_ids), None, None, torch.zeros(len(response_ids)),
+                           torch.zeros_like(response_ids, dtype=torch.float), torch.zeros(len(response_ids)))  # fmt: skip
+        out = torch.zeros(response_ids.shape, dtype=torch.float32)
+        for s in range(0, response_ids.shape[0], mb):
+            idx = torch.arange(s, min(s + mb, response_ids.shape[0]))
+            part = dummy.select(idx)
+            v = response_values(critic, part, part["response_ids"].shape[1])
+            out[idx, : v.shape[1]] = v.float().cpu()
+        critic.train(was)
+        return out
+
     def _temperature(self) -> float:
         return self.cfg.rollout.temperature if self.cfg.rollout.temperature > 0 else 1.0
 
-    def _global_advantages(self, rewards: torch.Tensor, mask: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
-        """Advantages computed on the batch of all ranks (batch-level statistics included), then this
-        rank's rows taken back; groups never span ranks."""
-        a = self.cfg.algorithm
-        s = self.strategy
-        parts = s.all_gather_object((rewards, mask, group_ids))
-        offset = 0
-        all_r, all_m, all_g = [], [], []
+    def _global_advantages(self, rewards: torch.Tensor, mask: torch.Tensor, group_ids: torch.Tensor,
+                           values: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        """Advantages and returns computed on the batch of all ranks (batch-level statistics included),
+        then this rank's rows taken back; groups never span ranks."""
+        a, s = self.cfg.algorithm, self.strategy
+        parts = s.all_gather_object((rewards, mask, group_ids, values))
         width = max(p[1].shape[1] for p in parts)
-        for rank, (r_, m_, g_) in enumerate(parts):
-            if r_.dim() == 2:
-                r_ = torch.nn.functional.pad(r_, (0, width - r_.shape[1]))
-            all_r.append(r_)
-            all_m.append(torch.nn.functional.pad(m_, (0, width - m_.shape[1])))
-            all_g.append(g_ + rank * 1_000_000)
-            if rank < s.rank:
-                offset += len(r_)
-        adv, _ = compute_advantages(
-            a.advantage_estimator, torch.cat(all_r), torch.cat(all_m), group_ids=torch.cat(all_g),
+        pad = lambda t: torch.nn.functional.pad(t, (0, width - t.shape[1]))  # noqa: E731
+        offset = sum(len(p[0]) for p in parts[: s.rank])
+        all_r = torch.cat([pad(p[0]) if p[0].dim() == 2 else p[0] for p in parts])
+        all_m = torch.cat([pad(p[1]) for p in parts])
+        all_g = torch.cat([p[2] + rank * 1_000_000 for rank, p in enumerate(parts)])
+        all_v = torch.cat([pad(p[3]) for p in parts]) if values is not None else None
+        adv, ret = compute_advantages(
+            a.advantage_estimator, all_r, all_m, group_ids=all_g, values=all_v,
             gamma=a.gamma, lam=a.lam, std_normalization=a.std_normalization or None,
         )  # fmt: skip
-        return adv[offset : offset + len(rewards), : mask.shape[1]]
+        rows = slice(offset, offset + len(rewards))
+        return adv[rows, : mask.shape[1]], ret[rows, : mask.shape[1]]
 
     # ----------------------------------------------------------------------------- update
     def train_on(self, exp: Experience, metrics: dict[str, float]) -> None:
@@ -301,12 +325,17 @@ class PolicyTrainer:
                 gsc = global_sequence_count(masks)
                 tokens += sum(int(m.sum()) for m in masks)
                 for k, mb in enumerate(micro_batches):
+                    last = k == len(micro_batches) - 1
                     loss, m = self._micro_loss(mb, gtc, gsc)
-                    s.backward(loss * s.world_size, last_micro_batch=k == len(micro_batches) - 1)
+                    s.backward(loss * s.world_size, last_micro_batch=last)
+                    if self.critic is not None:
+                        m.update(self._critic_micro_step(mb, gtc, gsc, last))
                     for key, val in m.items():
                         agg.setdefault(key, []).append(val)
                 grad_norm = s.step()
                 agg.setdefault("grad_norm", []).append(grad_norm)
+                if self.critic is not None:
+                    agg.setdefault("critic/grad_norm", []).append(self.critic_strategy.step())
         dt = time.perf_counter() - t0
         metrics.update({k: float(sum(v) / len(v)) for k, v in agg.items()})
         metrics["time/update"] = dt
@@ -315,6 +344,17 @@ class PolicyTrainer:
         metrics["tokens_per_s/update"] = tokens / max(dt, 1e-9)
         if isinstance(self.kl_ctl, AdaptiveKLController) and "kl" in metrics:
             self.kl_ctl.update(metrics["kl"], global_n)
+
+    def _critic_micro_step(self, mb: dict[str, torch.Tensor], gtc: int, gsc: int, last: bool) -> dict[str, float]:
+        """PPO's clipped value loss on one micro-batch, backpropagated into the critic."""
+        a, cs = self.cfg.algorithm, self.critic_strategy
+        values = response_values(self.critic_module, mb, mb["response_ids"].shape[1], device=cs.device)
+        dev = values.device
+        loss, m = value_loss(values, mb["values"].to(dev), mb["returns"].to(dev), mb["response_mask"].to(dev),
+                             a.value_clip or None, loss_agg_mode=a.loss_agg_mode, global_token_count=gtc, num_sequences=gsc,
+                             max_response_length=self.cfg.rollout.max_new_tokens)  # fmt: skip
+        cs.backward(loss * cs.world_size, last_micro_batch=last)
+        return {"critic/loss": float(loss.detach()), **{f"critic/{k}": float(v) for k, v in m.items()}}
 
     def _micro_loss(self, mb: dict[str, torch.Tensor], gtc: int, gsc: int) -> tuple[torch.Tensor, dict[str, float]]:
         a, r = self.cfg.algorithm, self.cfg.rollout
@@ -428,6 +468,10 @@ class PolicyTrainer:
 
     def save_checkpoint(self) -> Path:
         path = self.out / "checkpoints" / f"step-{self.step:06d}"
+        if self.critic is not None:  # written first: a policy checkpoint implies its critic is complete
+            self.critic_strategy.save_checkpoint(self.out / "critic_checkpoints" / path.name, {"step": self.step})
+            if self.strategy.is_rank0:
+                prune_checkpoints(self.out / "critic_checkpoints", self.cfg.train.keep_last)
         self.strategy.save_checkpoint(path, self._client_state())
         if self.strategy.is_rank0:
             prune_checkpoints(self.out / "checkpoints", self.cfg.train.keep_last)
@@ -442,6 +486,8 @@ class PolicyTrainer:
         if path is None:
             return
         state = self.strategy.load_checkpoint(path)
+        if self.critic is not None:
+            self.critic_strategy.load_checkpoint(self.out / "critic_checkpoints" / path.name)
         self.step, self.cursor, self.history = state["step"], state["cursor"], state["history"]
         self.kl_ctl.value = state["kl_coef"]
         if self.normalizer is not None and state["normalizer"] is not None:

@@ -29,6 +29,23 @@ def load_policy(path: str, dtype: str = "float32") -> tuple[torch.nn.Module, Any
     return model, processor
 
 
+def build_critic(cfg: PolicyTrainConfig, policy_path: str):
+    """The PPO value model (a ScalarRewardModel read per token) and its own strategy instance."""
+    from dataclasses import replace
+
+    from reward_models.scalar import HEAD_CONFIG, ScalarRewardModel
+    from vlrft.strategies import make_strategy
+
+    path = cfg.critic.path or policy_path
+    dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
+    if (Path(path) / HEAD_CONFIG).is_file():
+        model = ScalarRewardModel.from_pretrained(path, dtype=dtype)
+    else:
+        model = ScalarRewardModel.from_backbone(path, dtype=dtype, seed=cfg.strategy.seed)
+    # the critic trains its own parameters only: no LoRA on it, no frozen tower beyond the policy's choice
+    return model, make_strategy(replace(cfg.strategy, lora_rank=0), replace(cfg.optim, lr=cfg.critic.lr))
+
+
 def load_prompt_records(source: str, cfg: PolicyTrainConfig, size: int, seed: int) -> list[PromptRecord]:
     """``synthetic:TASK`` draws a synthetic task; anything else is read by data_pipelines.readers."""
     if source.startswith(SYNTHETIC_PREFIX):
@@ -134,6 +151,7 @@ def train_policy(cfg: PolicyTrainConfig) -> dict[str, Any]:
         raise ConfigError(f"{cfg.data.train_source}: {len(train_records)} usable prompts, fewer than "
                           f"rollout.rollout_batch_size={cfg.rollout.rollout_batch_size}")  # fmt: skip
     pool = RewardPool(cfg.reward, device=strategy.device)
+    critic = build_critic(cfg, path) if cfg.algorithm.advantage_estimator == "gae" else None
     accuracy = cfg.train.accuracy_source or next((s.name for s in cfg.reward.sources if s.kind == "verifier"), "")
     source = next((s for s in cfg.reward.sources if s.name == accuracy and s.kind == "verifier"), None)
     if source is None:
@@ -142,7 +160,7 @@ def train_policy(cfg: PolicyTrainConfig) -> dict[str, Any]:
     total = cfg.train.max_steps or max(1, len(train_records) // cfg.rollout.rollout_batch_size) * cfg.train.num_episodes
     tracker = Tracker(out, cfg, active=strategy.is_rank0, start_step=0, total_steps=total)
     trainer = PolicyTrainer(cfg, strategy, model, processor, train_records, pool, eval_records=eval_records,
-                            ref_model=ref_model, tracker=tracker, accuracy=(accuracy, accuracy_verifier),
+                            ref_model=ref_model, tracker=tracker, accuracy=(accuracy, accuracy_verifier), critic=critic,
                             evaluate_fn=heldout_eval if eval_records else None)  # fmt: skip
     result = trainer.fit()
     final = out / "final"
