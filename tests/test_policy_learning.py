@@ -39,7 +39,7 @@ def _assert_learned(summary: dict, out: Path) -> None:
 def _config(tmp_path: Path, model_dir: Path, *extra_files: Path, overrides: tuple = ()) -> PolicyTrainConfig:
     return load_config(PolicyTrainConfig, [DEMO_CONFIG, *extra_files],
                        [f"model.path={model_dir}", f"train.output_dir={tmp_path}", "train.eval_every=0",
-                        "logging.tensorboard=false", "logging.progress_bar=false", *overrides])  # fmt: skip
+                        "logging.tensorboard=false", "logging.wandb=disabled", "logging.progress_bar=false", *overrides])  # fmt: skip
 
 
 def test_grpo_learns_to_name_colours_from_scratch(tiny_model, tmp_path):
@@ -65,7 +65,7 @@ def test_distributed_strategy_learns(strategy, tiny_model, tmp_path):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
            str(29600 + os.getpid() % 1000), "-m", "vlrft", "train-policy", str(DEMO_CONFIG),
            f"model.path={tiny_model('qwen2_5_vl')}", f"train.output_dir={tmp_path}", "train.eval_every=0",
-           f"strategy.name={strategy}", "strategy.zero_stage=2", "logging.tensorboard=false",
+           f"strategy.name={strategy}", "strategy.zero_stage=2", "logging.tensorboard=false", "logging.wandb=disabled",
            "logging.progress_bar=false"]  # fmt: skip
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
     res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3000)

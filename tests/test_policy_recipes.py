@@ -16,7 +16,7 @@ from vlrft.trainer.run import train_policy
 CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "policy"
 SMALL = ["data.synthetic_train_size=8", "data.synthetic_eval_size=4", "rollout.rollout_batch_size=2",
          "rollout.max_new_tokens=4", "train.max_steps=2", "train.eval_every=0", "logging.tensorboard=false",
-         "logging.progress_bar=false", "optim.lr=1e-3"]  # fmt: skip
+         "logging.wandb=disabled", "logging.progress_bar=false", "optim.lr=1e-3"]  # fmt: skip
 
 
 def _check_run(out: Path, steps: int = 2) -> list[dict]:
@@ -59,8 +59,10 @@ def test_text_only_qwen2_on_gsm8k_records(tiny_model, tmp_path, shared_data):
     cfg = load_config(PolicyTrainConfig, None, [
         f"model.path={tiny_model('qwen2')}", f"train.output_dir={tmp_path / 'run'}", f"data.train_source={data}",
         f"data.eval_source={data}", "data.prompt_template=gsm8k", "reward.sources=[{name: accuracy, verifier: gsm8k}]",
-        *SMALL,
+        *SMALL, "logging.tensorboard=true", "logging.wandb=offline",
     ])  # fmt: skip
     summary = train_policy(cfg)
     _check_run(tmp_path / "run")
+    assert list((tmp_path / "run" / "tensorboard").glob("events.out.tfevents.*"))
+    assert list((tmp_path / "run" / "wandb").glob("offline-run-*"))
     assert summary["eval_before"]["num_prompts"] == 8 and summary["eval_after"]["accuracy"] == 0.0

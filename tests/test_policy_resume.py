@@ -21,7 +21,7 @@ def _cmd(model_dir: Path, out: Path) -> list[str]:
             "data.synthetic_train_size=20", "rollout.rollout_batch_size=4", "rollout.n_samples_per_prompt=4",
             "rollout.max_new_tokens=4", "train.max_steps=7", "train.save_every=1", "train.keep_last=2",
             "train.micro_train_batch_size=8", "train.train_batch_size=8", "train.max_epochs=2",
-            "optim.lr=1e-3", "logging.tensorboard=false", "logging.progress_bar=false"]  # fmt: skip
+            "optim.lr=1e-3", "logging.tensorboard=false", "logging.wandb=disabled", "logging.progress_bar=false"]  # fmt: skip
 
 
 def _env():

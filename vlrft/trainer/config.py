@@ -139,7 +139,8 @@ class PolicyLoggingConfig:
     """Where metrics go (rank 0)."""
 
     tensorboard: bool = option(True, "TensorBoard event files under output_dir/tensorboard")
-    wandb: str = option("disabled", "wandb mode", choices=("offline", "online", "disabled"))
+    wandb: str = option("offline", "wandb mode (offline: files under output_dir/wandb, sync later)",
+                        choices=("offline", "online", "disabled"))  # fmt: skip
     wandb_project: str = option("vlrft-policy", "wandb project")
     progress_bar: bool = option(True, "tqdm progress bar with ETA")
 
