@@ -35,6 +35,8 @@ class RMDataConfig:
     synthetic_eval_size: int = option(128, "synthetic held-out records (drawn with another seed)")
     synthetic_seed: int = option(0, "seed of the synthetic training set (held-out uses seed + 1)")
     synthetic_options: dict = option({}, "the synthetic task's options, e.g. {num_colors: 2} (data_pipelines.synthetic)")
+    group_size: int = option(1, "keep groups of this many consecutive training records in one batch (e.g. 2: a "
+                             "prompt's right and wrong candidate judged side by side); batch_size should be a multiple")  # fmt: skip
     max_length: int = option(1024, "longest tokenised prompt+response; longer records are an error")
     system_prompt: str = option("", "system prompt for records that have none (empty: the template's default)")
     on_bad_record: str = option("error", "a bad record stops the run (error) or is counted and skipped",

@@ -28,7 +28,11 @@ def load_eval_records(data: str, kind: str, on_bad_record: str = "error", synthe
         opts = dict(synthetic_options or {})
         if kind == "preference":
             return synthetic.make_preference_pairs(task, n, seed, **opts)
-        return synthetic.make_judgment_records(task, n, seed, mode=judge_mode, **opts)
+        if judge_mode == "pointwise":  # the pool's judge format (as train-reward-model's synthetic data)
+            from reward_models.generative import make_synthetic_judgments
+
+            return make_synthetic_judgments(task, n, seed, **opts)
+        return synthetic.make_judgment_records(task, n, seed, mode="pairwise", **opts)
     from data_pipelines.readers import read_records
 
     records, report = read_records(data, kind=kind, on_bad_record=on_bad_record)

@@ -113,6 +113,28 @@ def pointwise_judgment_record(record: PromptRecord, response: str, correct: bool
     )  # fmt: skip
 
 
+def make_synthetic_judgments(task: str, n: int, seed: int = 0, paired: bool = False, **options: Any) -> list[JudgmentRecord]:
+    """Judge records in the pool's judge format from ``data_pipelines.synthetic`` prompts of ``task``.
+
+    ``paired``: ``n // 2`` prompts, each giving its right candidate (verdict yes) then a wrong one (no),
+    side by side (train with ``data.group_size: 2``). Otherwise ``n`` prompts with the right and a wrong
+    candidate alternating. Wrong candidates are drawn from the task's answer vocabulary.
+    """
+    import random
+
+    from data_pipelines.synthetic import make_prompt_records
+
+    rng = random.Random(f"vlrft-judge/{task}/{seed}")
+    out: list[JudgmentRecord] = []
+    for i, rec in enumerate(make_prompt_records(task, n // 2 if paired else n, seed, **options)):
+        wrong = rng.choice([v for v in rec.metadata["vocabulary"] if v != rec.answer])
+        if paired:
+            out += [pointwise_judgment_record(rec, rec.answer, True), pointwise_judgment_record(rec, wrong, False)]
+        else:
+            out.append(pointwise_judgment_record(rec, rec.answer if i % 2 == 0 else wrong, i % 2 == 0))
+    return out
+
+
 class GenerativeRewardModel:
     """A judge (causal LM + processor) that scores responses by generating and parsing judgments."""
 

@@ -33,12 +33,17 @@ def load_records(cfg: RewardModelTrainConfig) -> tuple[list, list]:
     kind = "preference" if cfg.model.kind == "srm" else "judgment"
     d = cfg.data
     if not d.train_source:
-        from data_pipelines import synthetic
-
-        make = synthetic.make_preference_pairs if kind == "preference" else synthetic.make_judgment_records
         opts = dict(d.synthetic_options)
-        return (make(d.synthetic_task, d.synthetic_train_size, d.synthetic_seed, **opts),
-                make(d.synthetic_task, d.synthetic_eval_size, d.synthetic_seed + 1, **opts))  # fmt: skip
+        if kind == "preference":
+            from data_pipelines.synthetic import make_preference_pairs
+
+            return (make_preference_pairs(d.synthetic_task, d.synthetic_train_size, d.synthetic_seed, **opts),
+                    make_preference_pairs(d.synthetic_task, d.synthetic_eval_size, d.synthetic_seed + 1, **opts))  # fmt: skip
+        from reward_models.generative import make_synthetic_judgments  # in the pool's judge format
+
+        return (make_synthetic_judgments(d.synthetic_task, d.synthetic_train_size, d.synthetic_seed,
+                                         paired=d.group_size == 2, **opts),
+                make_synthetic_judgments(d.synthetic_task, d.synthetic_eval_size, d.synthetic_seed + 1, **opts))  # fmt: skip
     train = _read(d.train_source, kind, d.on_bad_record)
     if d.eval_source:
         return train, _read(d.eval_source, kind, d.on_bad_record)
@@ -56,15 +61,21 @@ def _read(source: str, kind: str, on_bad_record: str) -> list:
     return records
 
 
-def batch_indices(n: int, step: int, batch_size: int, rank: int, world: int, seed: int) -> list[int]:
-    """This rank's record indices at ``step``: consecutive slices of per-epoch permutations."""
+def batch_indices(n: int, step: int, batch_size: int, rank: int, world: int, seed: int, group_size: int = 1) -> list[int]:
+    """This rank's record indices at ``step``: consecutive slices of per-epoch permutations.
+
+    With ``group_size`` g > 1, groups of g consecutive records (e.g. a prompt's right and wrong
+    candidate) are permuted as units and stay next to each other (``batch_size`` should be a multiple of g).
+    """
+    n_groups = n // group_size
     global_bs = batch_size * world
     start = step * global_bs + rank * batch_size
     out = []
     for pos in range(start, start + batch_size):
-        epoch, i = divmod(pos, n)
-        perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 100_003 + epoch))
-        out.append(int(perm[i]))
+        epoch, i = divmod(pos, n_groups * group_size)
+        perm = torch.randperm(n_groups, generator=torch.Generator().manual_seed(seed * 100_003 + epoch))
+        group, offset = divmod(i, group_size)
+        out.append(int(perm[group]) * group_size + offset)
     return out
 
 
@@ -245,7 +256,7 @@ def train_reward_model(cfg: RewardModelTrainConfig, records: tuple[list, list] |
     ``records`` = (train, held-out) in memory replaces ``cfg.data`` (programmatic use).
     """
     from vlrft.config import save_config
-    from vlrft.strategies import make_strategy, rng_state, seed_everything, set_rng_state
+    from vlrft.strategies import make_strategy, seed_everything, set_rng_state
 
     out = Path(cfg.train.output_dir)
     strategy = make_strategy(cfg.strategy, cfg.optim)
@@ -281,7 +292,8 @@ def train_reward_model(cfg: RewardModelTrainConfig, records: tuple[list, list] |
     sums: dict[str, float] = {}
     n_acc, t0 = 0, time.time()
     for step in range(start, cfg.train.max_steps):
-        idx = batch_indices(len(train), step, cfg.train.batch_size, strategy.rank, strategy.world_size, cfg.strategy.seed)
+        idx = batch_indices(len(train), step, cfg.train.batch_size, strategy.rank, strategy.world_size,
+                            cfg.strategy.seed, cfg.data.group_size)  # fmt: skip
         records = [train[i] for i in idx]
         if cfg.model.kind == "srm":
             loss, metrics = srm_loss(model, srm_batch(processor, records, cfg), records, cfg, strategy.device)

@@ -13,12 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from data_pipelines.synthetic import make_prompt_records
-from reward_models.config import RewardModelTrainConfig
-from reward_models.generative import pointwise_judgment_record
 from reward_models.scalar import ScalarRewardModel
 from vlrft.cli import main
-from vlrft.config import load_config
 
 REPO = Path(__file__).resolve().parents[1]
 QUIET = ["logging.wandb=disabled", "logging.progress_bar=false"]
@@ -87,29 +83,31 @@ def test_srm_learns_colour_preferences_and_eval_command_agrees(tiny_model, tmp_p
     assert report["mean_margin"] > 0
 
 
-def _judgments(n: int, seed: int) -> list:
-    out = []
-    for i, rec in enumerate(make_prompt_records("color", n, seed, num_colors=2)):
-        wrong = next(v for v in rec.metadata["vocabulary"] if v != rec.answer)
-        out.append(pointwise_judgment_record(rec, rec.answer if i % 2 == 0 else wrong, correct=i % 2 == 0))
-    return out
-
-
-@pytest.mark.slow
-def test_grm_learns_colour_judgments(tiny_model, tmp_path):
+def test_grm_learns_colour_judgments_and_eval_command_agrees(tiny_model, tmp_path, capsys):
     """Learning proof: a tiny Qwen2.5-VL judge from scratch, >= 80% held-out judgment accuracy."""
-    from reward_models.trainer import train_reward_model
+    from data_pipelines.writers import write_records
+    from reward_models.generative import make_synthetic_judgments
 
     run = tmp_path / "grm"
-    cfg = load_config(RewardModelTrainConfig, REPO / "configs/reward_model/grm_color.yaml", [
-        f"model.path={tiny_model('qwen2_5_vl')}", f"train.output_dir={run}", "train.save_every=0", *QUIET])  # fmt: skip
     t0 = time.time()
-    final = train_reward_model(cfg, (_judgments(256, 0), _judgments(64, 1)))
+    rc = main(["train-reward-model", str(REPO / "configs/reward_model/grm_color.yaml"),
+               f"model.path={tiny_model('qwen2_5_vl')}", f"train.output_dir={run}", "train.save_every=0", *QUIET])  # fmt: skip
+    elapsed = time.time() - t0
+    assert rc == 0
     rows = [r for r in _metrics(run) if "eval/judgment_accuracy" in r]
+    final = rows[-1]
     print(f"GRM: held-out judgment accuracy {rows[0]['eval/judgment_accuracy']:.3f} -> "
-          f"{final['eval/judgment_accuracy']:.3f} in {cfg.train.max_steps} steps, {time.time() - t0:.0f} s")
+          f"{final['eval/judgment_accuracy']:.3f} in {final['step']} steps, {elapsed:.0f} s")
     assert rows[0]["eval/judgment_accuracy"] <= 0.6  # an untrained judge does not even write the format
-    assert final["eval/judgment_accuracy"] >= 0.8 and final["eval/n"] == 64
+    assert final["step"] == 400 and final["eval/judgment_accuracy"] >= 0.8 and final["eval/n"] == 64
+    # the exported judge, on the same held-out records read back from a JSONL file
+    held_out = make_synthetic_judgments("color", 64, seed=1, num_colors=2)
+    data = write_records(held_out, tmp_path / "held_out.jsonl")
+    capsys.readouterr()
+    assert main(["eval-reward-model", str(run / "model"), str(data), "--out", str(tmp_path / "eval.json")]) == 0
+    report = json.loads((tmp_path / "eval.json").read_text())
+    assert report["kind"] == "grm" and report["n"] == 64
+    assert report["judgment_accuracy"] == pytest.approx(final["eval/judgment_accuracy"])
 
 
 def _dist_args(model: Path, out: Path, strategy: str, steps: int = 3, save_every: int = 0) -> list[str]:
