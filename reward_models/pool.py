@@ -114,8 +114,8 @@ class VerifierSource:
         self.cfg, self.name = cfg, cfg.name
         self.verifier = get_verifier(cfg.verifier or cfg.name, **dict(cfg.verifier_options))
 
-    def score_one(self, record: PromptRecord, response: str) -> float:
-        return float(self.verifier(response, record.answer, **record.metadata).score)
+    def score_one(self, record: PromptRecord, response: str, extra: dict | None = None) -> float:
+        return float(self.verifier(response, record.answer, **{**record.metadata, **(extra or {})}).score)
 
 
 class NeuralSource:
@@ -201,9 +201,13 @@ class RewardPool:
             return dict(self.cfg.recipes["default"])
         return {s.name: s.weight for s in self.cfg.sources}
 
-    def score(self, records: list[PromptRecord], responses: list[str]) -> PoolOutput:
-        if len(records) != len(responses):
-            raise ValueError(f"{len(records)} records but {len(responses)} responses (repeat records per sample)")
+    def score(self, records: list[PromptRecord], responses: list[str],
+              extra: list[dict] | None = None) -> PoolOutput:  # fmt: skip
+        """Score sample ``i`` = (``records[i]``, ``responses[i]``). ``extra[i]`` (optional) adds keyword
+        arguments for the verifiers, e.g. ``{"response_length": 412}`` (tokens) for ``length_penalty``."""
+        if len(records) != len(responses) or (extra is not None and len(extra) != len(records)):
+            raise ValueError(f"{len(records)} records, {len(responses)} responses"
+                             + (f", {len(extra)} extra" if extra is not None else "") + " (one each per sample)")  # fmt: skip
         n = len(records)
         weights = [self.weights_for(r.task) for r in records]
         rows = {name: [i for i in range(n) if name in weights[i]] for name in self.sources}
@@ -212,7 +216,7 @@ class RewardPool:
         futures = {}
         for name, src in self.sources.items():  # verifiers first: they run while the neural ones score
             if isinstance(src, VerifierSource) and rows[name]:
-                futures[name] = (time.perf_counter(), [self._executor.submit(src.score_one, records[i], responses[i])
+                futures[name] = (time.perf_counter(), [self._executor.submit(src.score_one, records[i], responses[i], extra[i] if extra else None)
                                                        for i in rows[name]])  # fmt: skip
         for name, src in self.sources.items():
             if isinstance(src, NeuralSource) and rows[name]:

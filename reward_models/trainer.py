@@ -155,11 +155,12 @@ def evaluate(model: Any, processor: Any, records: list, cfg: RewardModelTrainCon
         state = strategy.full_state_dict()
         result = None
         if strategy.is_rank0:
-            if "judge" not in _EVAL_COPY:
+            if cfg.model.path not in _EVAL_COPY:
                 from reward_models.generative import load_judge
 
-                _EVAL_COPY["judge"] = load_judge(cfg.model.path)[0]
-            judge = _EVAL_COPY["judge"]
+                _EVAL_COPY.clear()
+                _EVAL_COPY[cfg.model.path] = load_judge(cfg.model.path)[0]
+            judge = _EVAL_COPY[cfg.model.path]
             judge.load_state_dict(state)
             result = evaluate(judge, processor, records, cfg, _OneProcess(strategy.device))
         strategy.barrier()

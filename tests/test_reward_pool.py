@@ -144,3 +144,18 @@ def test_bad_pool_configs_are_refused():
         load_config(RewardPoolConfig, None, ["sources=[{name: a, kind: verifier}, {name: a, kind: verifier}]"])
     with pytest.raises(ConfigError, match="not allowed"):
         load_config(RewardPoolConfig, None, ["sources=[{name: a, kind: prm}]"])
+
+
+def test_verifier_options_and_per_sample_extra_reach_the_verifier():
+    """length_penalty (DAPO eq. 13) with L_max 10, L_cache 4 and token lengths passed per sample."""
+    cfg = load_config(RewardPoolConfig, None, [
+        "sources=[{name: len, kind: verifier, verifier: length_penalty, weight: 0.5,"
+        " verifier_options: {max_length: 10, cache_length: 4}}]"])  # fmt: skip
+    records = [PromptRecord(id="x", prompt="q")] * 3
+    pool = RewardPool(cfg)
+    out = pool.score(records, ["a", "b", "c"], extra=[{"response_length": n} for n in (5, 8, 12)])
+    assert out.per_source["len"].tolist() == [0.0, -0.5, -1.0]  # 0; (6 - 8) / 4; over L_max
+    assert out.combined.tolist() == [0.0, -0.25, -0.5]
+    with pytest.raises(ValueError, match="one each per sample"):
+        pool.score(records, ["a", "b", "c"], extra=[{}])
+    pool.close()
