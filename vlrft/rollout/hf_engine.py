@@ -8,6 +8,7 @@ embeddings (text + image features) are built once and repeated for its n samples
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from typing import Iterable
 
 import torch
@@ -100,7 +101,8 @@ class HFRolloutEngine:
                     kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
                 if sampling.stop:
                     kwargs.update(stop_strings=list(sampling.stop), tokenizer=self.tokenizer)
-                out = model.generate(**inputs, **kwargs)
+                with _root_unsharded(model):
+                    out = model.generate(**inputs, **kwargs)
                 new = out[:, width:].cpu()
                 for row in range(new.shape[0]):
                     rollouts.append(self._finish(start + row // sampling.n, new[row], sampling))
@@ -122,6 +124,24 @@ class HFRolloutEngine:
         if reason == "length" and sampling.stop and any(text.endswith(s) for s in sampling.stop):
             reason = "stop"
         return Rollout(prompt_index, torch.tensor(ids, dtype=torch.long), text, reason)
+
+
+@contextmanager
+def _root_unsharded(model: torch.nn.Module):
+    """FSDP2: keep the root's own parameters (embeddings, patch embedding, merger, norm, lm_head)
+    gathered during ``generate``, which calls the vision tower's ``get_image_features`` directly,
+    outside the root forward whose hooks would gather them. Nested blocks keep their own hooks."""
+    if not (hasattr(model, "unshard") and hasattr(model, "reshard")):
+        yield
+        return
+    # the root must initialise its FSDP state before any nested block runs on its own (else that block
+    # would become a root); a root forward does this, generate's direct vision call does not
+    model._get_fsdp_state()._lazy_init()
+    model.unshard()
+    try:
+        yield
+    finally:
+        model.reshard()
 
 
 def _split_grids(input_ids: torch.Tensor, grid: torch.Tensor, image_token_id: int, merge_area: int) -> list[torch.Tensor]:
