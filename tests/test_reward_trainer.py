@@ -185,3 +185,27 @@ def test_killed_torchrun_run_resumes_exactly(tiny_model, tmp_path):
     assert _max_diff(_state(run / "model"), _state(ref / "model")) < 1e-6
     kept = sorted(p.name for p in (run / "checkpoints").iterdir())
     assert kept == ["step_00000006", "step_00000008"]  # keep_last=2
+
+
+def test_preference_file_with_a_bad_row_is_refused_by_line_or_skipped_and_counted(tiny_model, tmp_path, capsys):
+    """train-reward-model on a real JSONL file: a row without `rejected` stops the run naming file and
+    line, or, with data.on_bad_record=skip, is counted and the run trains on the rest."""
+    from data_pipelines.errors import DataError
+    from data_pipelines.synthetic import make_preference_pairs
+    from data_pipelines.writers import write_records
+
+    data = write_records(make_preference_pairs("color", 12, seed=4, num_colors=2), tmp_path / "prefs.jsonl")
+    lines = data.read_text().splitlines()
+    bad = json.loads(lines[2])
+    del bad["rejected"]
+    lines[2] = json.dumps(bad)
+    data.write_text("\n".join(lines) + "\n")
+    args = ["train-reward-model", f"model.path={tiny_model('qwen2_5_vl')}", f"data.train_source={data}",
+            "data.eval_fraction=0.25", "train.max_steps=2", "train.batch_size=2", "optim.lr=1e-3",
+            "logging.tensorboard=false", *QUIET]  # fmt: skip
+    with pytest.raises(DataError, match=r"prefs\.jsonl:3 field 'rejected'"):
+        main(args + [f"train.output_dir={tmp_path / 'error'}"])
+    capsys.readouterr()
+    assert main(args + [f"train.output_dir={tmp_path / 'skip'}", "data.on_bad_record=skip"]) == 0
+    out = capsys.readouterr().out
+    assert "kept 11, skipped 1" in out and "8 train / 3 held-out records" in out
