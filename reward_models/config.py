@@ -108,3 +108,8 @@ class RewardModelTrainConfig:
     strategy: StrategyConfig = option(StrategyConfig(), "single process, FSDP2 or DeepSpeed")
     train: RMTrainConfig = option(RMTrainConfig(), "loop, evaluation, checkpoints")
     logging: RMLoggingConfig = option(RMLoggingConfig(), "TensorBoard, wandb, progress bar")
+
+    def validate(self) -> None:
+        if self.data.group_size < 1 or self.train.batch_size % self.data.group_size:
+            raise ValueError(f"train.batch_size ({self.train.batch_size}) must be a multiple of data.group_size "
+                             f"({self.data.group_size} >= 1), so that a group never straddles two batches")

@@ -209,3 +209,17 @@ def test_preference_file_with_a_bad_row_is_refused_by_line_or_skipped_and_counte
     assert main(args + [f"train.output_dir={tmp_path / 'skip'}", "data.on_bad_record=skip"]) == 0
     out = capsys.readouterr().out
     assert "kept 11, skipped 1" in out and "8 train / 3 held-out records" in out
+
+
+def test_reward_model_config_errors_name_the_key():
+    from reward_models.config import RewardModelTrainConfig
+    from vlrft.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="multiple of data.group_size"):
+        load_config(RewardModelTrainConfig, None, ["data.group_size=2", "train.batch_size=3"])
+    with pytest.raises(ConfigError, match="did you mean 'tie_mode'"):
+        load_config(RewardModelTrainConfig, None, ["loss.tie_mod=half"])
+    with pytest.raises(ConfigError, match="model.kind"):
+        load_config(RewardModelTrainConfig, None, ["model.kind=prm"])
+    for name in ("srm_color", "grm_color", "srm_preferences"):  # the shipped configs load
+        load_config(RewardModelTrainConfig, REPO / "configs" / "reward_model" / f"{name}.yaml")
