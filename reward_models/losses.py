@@ -69,3 +69,22 @@ def pairwise_accuracy(chosen: torch.Tensor, rejected: torch.Tensor, tie: torch.T
     """``(correct, counted)``: pairs with ``r_c > r_r`` among the non-tied pairs (ties are not counted)."""
     keep = torch.ones_like(chosen, dtype=torch.bool) if tie is None else ~tie.to(torch.bool)
     return int(((chosen > rejected) & keep).sum()), int(keep.sum())
+
+
+def judge_sft_loss(logits: torch.Tensor, labels: torch.Tensor, verdict_mask: torch.Tensor | None = None,
+                   verdict_weight: float = 1.0) -> torch.Tensor:  # fmt: skip
+    """Weighted token-mean next-token cross-entropy for judge SFT (labels ``-100`` are ignored).
+
+    ``loss = sum_t w_t CE_t / sum_t w_t`` over labelled target tokens, with ``w_t = verdict_weight``
+    where ``verdict_mask`` marks the verdict's tokens and 1 elsewhere; ``verdict_weight = 1`` is the
+    usual SFT token mean. ``logits [B, T, V]`` predict position ``t + 1`` from ``t`` (shifted here).
+    """
+    shift_logits, shift_labels = logits[:, :-1], labels[:, 1:]
+    if shift_logits.dtype in (torch.float16, torch.bfloat16):
+        shift_logits = shift_logits.float()
+    ce = F.cross_entropy(shift_logits.reshape(-1, shift_logits.shape[-1]), shift_labels.reshape(-1),
+                         ignore_index=-100, reduction="none")  # fmt: skip
+    weights = (shift_labels != -100).reshape(-1).to(ce.dtype)
+    if verdict_mask is not None and verdict_weight != 1.0:
+        weights = weights * (1 + (verdict_weight - 1) * verdict_mask[:, 1:].reshape(-1).to(ce.dtype))
+    return (ce * weights).sum() / weights.sum().clamp(min=1)

@@ -21,7 +21,7 @@ import torch
 from reward_models.config import RewardModelTrainConfig
 from reward_models.encoding import encode_responses, encode_sft, model_inputs
 from reward_models.generative import generate_judgments, parse_judgment
-from reward_models.losses import bradley_terry_loss
+from reward_models.losses import bradley_terry_loss, judge_sft_loss
 from reward_models.tracking import Tracker
 
 CKPT_PREFIX = "step_"
@@ -112,24 +112,16 @@ def srm_loss(model: Any, batch: dict, pairs: list, cfg: RewardModelTrainConfig, 
 
 
 def grm_loss(model: Any, batch: dict, device, verdict_weight: float = 1.0) -> tuple[torch.Tensor, dict]:
-    """Weighted token-mean cross-entropy on the judge's target tokens only (labels -100 elsewhere).
-
-    Tokens of the verdict (inside the target's last ``<answer>`` tag) weigh ``verdict_weight``, the
-    other target tokens 1: ``sum_t w_t CE_t / sum_t w_t``.
-    """
+    """Judge SFT loss on the target tokens only (:func:`~reward_models.losses.judge_sft_loss`)."""
     labels = batch["labels"].to(device)
-    logits = model(**model_inputs(batch, device)).logits.float()
-    shift_logits, shift_labels = logits[:, :-1], labels[:, 1:]
-    ce = torch.nn.functional.cross_entropy(shift_logits.reshape(-1, shift_logits.shape[-1]),
-                                           shift_labels.reshape(-1), ignore_index=-100, reduction="none")  # fmt: skip
-    mask = (shift_labels != -100).reshape(-1).float()
-    weights = mask * (1 + (verdict_weight - 1) * batch["verdict_mask"][:, 1:].to(device).reshape(-1).float())
-    loss = (ce * weights).sum() / weights.sum().clamp(min=1)
+    verdict = batch["verdict_mask"].to(device)
+    logits = model(**model_inputs(batch, device)).logits
+    loss = judge_sft_loss(logits, labels, verdict, verdict_weight)
     with torch.no_grad():
-        hit = (shift_logits.argmax(-1) == shift_labels).reshape(-1).float()
-        verdict = batch["verdict_mask"][:, 1:].to(device).reshape(-1).float()
-        tok_acc = (hit * mask).sum() / mask.sum().clamp(min=1)
-        verdict_acc = (hit * verdict).sum() / verdict.sum().clamp(min=1)
+        hit = logits[:, :-1].argmax(-1) == labels[:, 1:]
+        mask, verdict = labels[:, 1:] != -100, verdict[:, 1:]
+        tok_acc = (hit & mask).sum() / mask.sum().clamp(min=1)
+        verdict_acc = (hit & verdict).sum() / verdict.sum().clamp(min=1)
     return loss, {"loss": loss.detach(), "token_accuracy": tok_acc, "verdict_token_accuracy": verdict_acc}
 
 

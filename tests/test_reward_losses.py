@@ -133,3 +133,19 @@ def test_parser_counts_unparsable_and_returns_the_default():
     assert (parser.n_total, parser.n_unparsable) == (4, 2)
     assert parser.examples == ["garbage", "<answer>?</answer>"]
     assert extract_answer("x <answer> a </answer>") == "a"
+
+
+def test_judge_sft_loss_matches_hand_values():
+    from reward_models.losses import judge_sft_loss
+
+    # one sequence of 4 positions, vocabulary 3; logits at positions 0..2 predict tokens 1..3
+    logits = torch.tensor([[[0.0, 0.0, 0.0], [2.0, 0.0, 0.0], [0.0, 1.0, 0.0], [9.0, 9.0, 9.0]]], dtype=torch.float64)
+    labels = torch.tensor([[-100, -100, 0, 1]])  # prompt, prompt, target 0 (from pos 1), target 1 (from pos 2)
+    verdict = torch.tensor([[False, False, False, True]])
+    ce_a = -math.log(math.exp(2) / (math.exp(2) + 2))  # position 1 predicting token 0
+    ce_b = -math.log(math.e / (math.e + 2))  # position 2 predicting token 1
+    assert judge_sft_loss(logits, labels).item() == pytest.approx((ce_a + ce_b) / 2, abs=1e-12)
+    assert judge_sft_loss(logits, labels, verdict, 5.0).item() == pytest.approx((ce_a + 5 * ce_b) / 6, abs=1e-12)
+    x = logits.clone().requires_grad_(True)
+    judge_sft_loss(x, labels).backward()
+    assert x.grad[0, 0].abs().sum() == 0 and x.grad[0, 3].abs().sum() == 0  # prompt/last positions: no loss
