@@ -33,7 +33,8 @@ def _assert_learned(summary: dict, out: Path) -> None:
     train = [r for r in rows if "reward/combined" in r]
     # the metrics that show a collapsing policy are there, and this run did not collapse at the end
     assert all("frac_reward_zero_std" in r and "entropy" in r for r in train)
-    assert train[-1]["accuracy"] >= 0.8
+    first, last = (sum(r["accuracy"] for r in part) / len(part) for part in (train[:10], train[-10:]))
+    assert last >= first + 0.5, (first, last)  # sampled (T=1) training accuracy rose too
 
 
 def _config(tmp_path: Path, model_dir: Path, *extra_files: Path, overrides: tuple = ()) -> PolicyTrainConfig:
