@@ -175,7 +175,7 @@ def test_killed_torchrun_run_resumes_exactly(tiny_model, tmp_path):
     ckpt = run / "checkpoints" / "step_00000004" / "COMPLETE"
     deadline = time.time() + 600
     while not ckpt.exists() and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.2)
+        time.sleep(0.05)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     assert ckpt.exists() and not (run / "model").exists(), "the run must be killed between step 4 and its end"
