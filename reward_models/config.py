@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from vlrft.config import option
 from vlrft.strategies.base import OptimConfig, StrategyConfig
+from vlrft.tracking import LoggingConfig
 
 
 @dataclass
@@ -87,16 +88,6 @@ class RMTrainConfig:
 
 
 @dataclass
-class RMLoggingConfig:
-    """Where metrics go (rank 0 only)."""
-
-    tensorboard: bool = option(True, "write TensorBoard event files under output_dir/tensorboard")
-    wandb: str = option("offline", "wandb mode", choices=("offline", "online", "disabled"))
-    wandb_project: str = option("vlrft-reward-model", "wandb project")
-    progress_bar: bool = option(True, "tqdm progress bar")
-
-
-@dataclass
 class RewardModelTrainConfig:
     """``vlrft train-reward-model``: an SRM on preference pairs or a GRM on judgment records."""
 
@@ -107,7 +98,7 @@ class RewardModelTrainConfig:
     optim: OptimConfig = option(OptimConfig(lr=1e-5), "AdamW and learning-rate schedule")
     strategy: StrategyConfig = option(StrategyConfig(), "single process, FSDP2 or DeepSpeed")
     train: RMTrainConfig = option(RMTrainConfig(), "loop, evaluation, checkpoints")
-    logging: RMLoggingConfig = option(RMLoggingConfig(), "TensorBoard, wandb, progress bar")
+    logging: LoggingConfig = option(LoggingConfig(wandb_project="vlrft-reward-model"), "TensorBoard, wandb, progress bar")
 
     def validate(self) -> None:
         if self.data.group_size < 1 or self.train.batch_size % self.data.group_size:

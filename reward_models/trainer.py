@@ -22,7 +22,7 @@ from reward_models.config import RewardModelTrainConfig
 from reward_models.encoding import encode_responses, encode_sft, model_inputs
 from reward_models.generative import generate_judgments, parse_judgment
 from reward_models.losses import bradley_terry_loss, judge_sft_loss
-from reward_models.tracking import Tracker
+from vlrft.tracking import Tracker
 
 CKPT_PREFIX = "step_"
 
@@ -274,7 +274,7 @@ def train_reward_model(cfg: RewardModelTrainConfig, records: tuple[list, list] |
         client = strategy.load_checkpoint(resume)
         start = client["step"]
         set_rng_state(client["rng"])
-    tracker = Tracker(out, cfg, strategy.is_rank0, start, cfg.train.max_steps)
+    tracker = Tracker(out, cfg, strategy.is_rank0, start, cfg.train.max_steps, desc="train-reward-model")
     if strategy.is_rank0:
         save_config(cfg, out)
         tracker.print(f"{cfg.model.kind}: {len(train)} train / {len(held_out)} held-out records, "

@@ -15,6 +15,7 @@ from vlrft.algorithms import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, LOSS_AGG_MODES
 from vlrft.archs import ARCHS
 from vlrft.config import option
 from vlrft.strategies.base import OptimConfig, StrategyConfig
+from vlrft.tracking import LoggingConfig
 
 SYNTHETIC_PREFIX = "synthetic:"
 
@@ -135,17 +136,6 @@ class PolicyTrainLoopConfig:
 
 
 @dataclass
-class PolicyLoggingConfig:
-    """Where metrics go (rank 0)."""
-
-    tensorboard: bool = option(True, "TensorBoard event files under output_dir/tensorboard")
-    wandb: str = option("offline", "wandb mode (offline: files under output_dir/wandb, sync later)",
-                        choices=("offline", "online", "disabled"))  # fmt: skip
-    wandb_project: str = option("vlrft-policy", "wandb project")
-    progress_bar: bool = option(True, "tqdm progress bar with ETA")
-
-
-@dataclass
 class PolicyTrainConfig:
     """``vlrft train-policy``: RL fine-tuning of a Qwen-VL (or text Qwen) policy."""
 
@@ -158,7 +148,7 @@ class PolicyTrainConfig:
     optim: OptimConfig = option(OptimConfig(lr=1e-6), "AdamW and learning-rate schedule")
     strategy: StrategyConfig = option(StrategyConfig(), "single process, FSDP2 or DeepSpeed")
     train: PolicyTrainLoopConfig = option(PolicyTrainLoopConfig(), "loop, evaluation, checkpoints")
-    logging: PolicyLoggingConfig = option(PolicyLoggingConfig(), "TensorBoard, wandb, progress bar")
+    logging: LoggingConfig = option(LoggingConfig(wandb_project="vlrft-policy"), "TensorBoard, wandb, progress bar")
 
     def validate(self) -> None:
         r, t = self.rollout, self.train

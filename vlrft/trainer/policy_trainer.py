@@ -411,7 +411,7 @@ class PolicyTrainer:
             self.history.append({"step": self.step, **metrics})
             if self.tracker is not None:
                 self.tracker.log(metrics, self.step)
-                self.tracker.advance(metrics.get("reward/combined", 0.0))
+                self.tracker.advance(metrics.get("reward/combined", 0.0), "reward")
                 self._log_samples()
                 _append_jsonl(self.out / "data_order.jsonl", {"step": self.step, "prompt_ids": self._step_prompt_ids})
             if self.evaluate_fn is not None and cfg.train.eval_every and self.step % cfg.train.eval_every == 0 \

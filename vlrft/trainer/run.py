@@ -13,6 +13,11 @@ from vlrft.config import ConfigError, save_config
 from vlrft.trainer.config import SYNTHETIC_PREFIX, PolicyTrainConfig
 
 
+# the console line of a step (everything goes to metrics.jsonl, TensorBoard and wandb)
+CONSOLE_KEYS = ("reward/", "accuracy", "frac_reward_zero_std", "entropy", "kl", "response_length/mean",
+                "grad_norm", "critic/loss", "time/step", "eval/accuracy", "eval/pass@")
+
+
 def load_policy(path: str, dtype: str = "float32") -> tuple[torch.nn.Module, Any]:
     """A Qwen-VL (``AutoModelForImageTextToText`` + processor) or text Qwen (causal LM + tokenizer)."""
     import vlrft.models  # noqa: F401  (image-only processors for machines without torchvision)
@@ -113,7 +118,7 @@ def plot_curves(history: list[dict[str, float]], evals: list[tuple[int, float]],
 def train_policy(cfg: PolicyTrainConfig) -> dict[str, Any]:
     """Run ``vlrft train-policy`` with a resolved config; returns the summary (also in summary.json)."""
     from reward_models.pool import RewardPool
-    from reward_models.tracking import Tracker
+    from vlrft.tracking import Tracker
     from vlrft.strategies import make_strategy, seed_everything
     from vlrft.trainer.policy_trainer import PolicyTrainer
 
@@ -158,7 +163,8 @@ def train_policy(cfg: PolicyTrainConfig) -> dict[str, Any]:
         raise ConfigError(f"train.accuracy_source={accuracy!r} must name a verifier source of reward.sources")
     accuracy_verifier = source.verifier or source.name
     total = cfg.train.max_steps or max(1, len(train_records) // cfg.rollout.rollout_batch_size) * cfg.train.num_episodes
-    tracker = Tracker(out, cfg, active=strategy.is_rank0, start_step=0, total_steps=total)
+    tracker = Tracker(out, cfg, active=strategy.is_rank0, start_step=0, total_steps=total, desc="train-policy",
+                      console_keys=CONSOLE_KEYS)  # fmt: skip
     trainer = PolicyTrainer(cfg, strategy, model, processor, train_records, pool, eval_records=eval_records,
                             ref_model=ref_model, tracker=tracker, accuracy=(accuracy, accuracy_verifier), critic=critic,
                             evaluate_fn=heldout_eval if eval_records else None)  # fmt: skip

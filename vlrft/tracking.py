@@ -1,5 +1,6 @@
-"""Metrics for reward-model runs (rank 0): ``metrics.jsonl``, TensorBoard, wandb (offline unless
-configured) and a tqdm progress bar."""
+"""Metrics of training runs (rank 0): ``metrics.jsonl``, TensorBoard, wandb (offline unless
+configured), a tqdm progress bar with ETA and a compact console line per step. Shared by
+``vlrft train-policy`` and ``vlrft train-reward-model``."""
 
 from __future__ import annotations
 
@@ -7,12 +8,30 @@ import dataclasses
 import json
 import sys
 from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
+
+from vlrft.config import option
+
+
+@dataclass
+class LoggingConfig:
+    """Where metrics go (rank 0 only)."""
+
+    tensorboard: bool = option(True, "write TensorBoard event files under output_dir/tensorboard")
+    wandb: str = option("offline", "wandb mode (offline: files under output_dir/wandb, sync later)",
+                        choices=("offline", "online", "disabled"))  # fmt: skip
+    wandb_project: str = option("vlrft", "wandb project")
+    progress_bar: bool = option(True, "tqdm progress bar with ETA")
 
 
 class Tracker:
-    def __init__(self, out_dir: Path, cfg: Any, active: bool, start_step: int, total_steps: int):
+    """``log(metrics, step)`` to every sink; ``console_keys`` (names or prefixes) limit the console line."""
+
+    def __init__(self, out_dir: Path, cfg: Any, active: bool, start_step: int, total_steps: int,
+                 desc: str = "train", console_keys: tuple[str, ...] | None = None):  # fmt: skip
         self.active = active
+        self.console_keys = console_keys
         self.out = Path(out_dir)
         self.tb = self.wandb = self.bar = None
         if not active:
@@ -31,17 +50,17 @@ class Tracker:
         if log.progress_bar:
             from tqdm import tqdm
 
-            self.bar = tqdm(total=total_steps, initial=start_step, desc="train-reward-model", file=sys.stderr,
+            self.bar = tqdm(total=total_steps, initial=start_step, desc=desc, file=sys.stderr,
                             dynamic_ncols=True)  # fmt: skip
 
     def print(self, text: str) -> None:
         if self.active:
             (self.bar.write if self.bar else print)(text)
 
-    def advance(self, loss: float) -> None:
+    def advance(self, value: float, name: str = "loss") -> None:
         if self.bar is not None:
             self.bar.update(1)
-            self.bar.set_postfix(loss=f"{loss:.4f}")
+            self.bar.set_postfix({name: f"{value:.4f}"})
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         if not self.active or not metrics:
@@ -53,7 +72,10 @@ class Tracker:
                 self.tb.add_scalar(k, v, step)
         if self.wandb is not None:
             self.wandb.log(metrics, step=step)
-        self.print(f"step {step}: " + ", ".join(f"{k}={v:.4g}" for k, v in metrics.items()))
+        shown = {k: v for k, v in metrics.items()
+                 if self.console_keys is None or any(k == c or k.startswith(c) for c in self.console_keys)}  # fmt: skip
+        if shown:
+            self.print(f"step {step}: " + ", ".join(f"{k}={v:.4g}" for k, v in shown.items()))
 
     def close(self) -> None:
         if self.bar is not None:
