@@ -10,17 +10,6 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def test_docs_eval_example_runs(shared_data, tmp_path, monkeypatch):
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)  # 2 threads on this shared 2-core machine make tiny matmuls ~1000x slower
-    try:
-        _run_example(tmp_path, monkeypatch)
-    finally:
-        torch.set_num_threads(before)
-
-
-def _run_example(tmp_path, monkeypatch):
     monkeypatch.chdir(REPO)  # the example reads ../shared/data from the project root
     text = (REPO / "docs" / "eval.md").read_text()
     script = tmp_path / "eval_example.py"

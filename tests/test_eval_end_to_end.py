@@ -22,13 +22,6 @@ from vlrft.cli import main as vlrft_main
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """On this 2-core machine shared by several jobs, 2 intra-op threads make a tiny matmul ~1000x slower."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 class _Audit(HTMLParser):

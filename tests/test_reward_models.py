@@ -13,12 +13,6 @@ from reward_models.generative import GenerativeRewardModel, pointwise_judgment_r
 from reward_models.scalar import HEAD_CONFIG, ScalarRewardModel, score_responses
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def _items(n=3):

@@ -18,13 +18,6 @@ from vlrft.config import ConfigError, load_config
 
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """2 threads on this shared 2-core machine make the tiny models' matmuls many times slower."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

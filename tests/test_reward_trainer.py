@@ -21,13 +21,6 @@ QUIET = ["logging.wandb=disabled", "logging.progress_bar=false"]
 
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """2 threads on this shared 2-core machine make the tiny models' matmuls many times slower."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def _metrics(run: Path) -> list[dict]:
