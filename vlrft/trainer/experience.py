@@ -114,6 +114,30 @@ def response_values(
     return values.gather(1, pos.clamp(max=values.shape[1] - 1))
 
 
+@torch.no_grad()
+def score_responses(model: torch.nn.Module, batch: dict[str, torch.Tensor], response_ids: torch.Tensor, *,
+                    micro_batch_size: int, temperature: float = 1.0, values: bool = False) -> torch.Tensor:  # fmt: skip
+    """:func:`response_logprobs` (or, with ``values``, :func:`response_values` of a critic) for all
+    samples of ``batch``, ``micro_batch_size`` at a time, in eval mode and without gradient; ``[N, R]``
+    float32 on CPU (zeros past each response's end)."""
+    was = model.training
+    model.eval()
+    n = response_ids.shape[0]
+    whole = Experience(batch, response_ids, torch.ones_like(response_ids), None, None, torch.zeros(n),
+                       torch.zeros(response_ids.shape), torch.zeros(n))  # fmt: skip
+    out = torch.zeros(response_ids.shape, dtype=torch.float32)
+    for start in range(0, n, micro_batch_size):
+        idx = torch.arange(start, min(start + micro_batch_size, n))
+        part = whole.select(idx)
+        if values:
+            scores = response_values(model, part, part["response_ids"].shape[1])
+        else:
+            scores, _ = response_logprobs(model, part, part["response_ids"], temperature=temperature)
+        out[idx, : scores.shape[1]] = scores.float().cpu()
+    model.train(was)
+    return out
+
+
 def response_tensors(responses: list[torch.Tensor], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``[N, R]`` padded response ids and their mask."""
     r = max(1, max(x.numel() for x in responses))

@@ -41,7 +41,7 @@ from vlrft.rollout import SamplingParams, make_engine
 from vlrft.strategies import Strategy, rng_state, set_rng_state
 from vlrft.trainer.checkpoints import latest_checkpoint, prune_checkpoints
 from vlrft.trainer.config import PolicyTrainConfig
-from vlrft.trainer.experience import Experience, response_logprobs, response_tensors, response_values
+from vlrft.trainer.experience import Experience, response_logprobs, response_tensors, response_values, score_responses
 
 
 class PolicyTrainer:
@@ -199,10 +199,10 @@ class PolicyTrainer:
 
         t0 = time.perf_counter()
         on_policy_single_pass = self._updates_per_step() == 1
-        old_logp = None if on_policy_single_pass else self._logprobs(self.model, batch, response_ids)
+        old_logp = None if on_policy_single_pass else self._scores(self.model, batch, response_ids)
         metrics["time/old_logprobs"] = time.perf_counter() - t0
         t0 = time.perf_counter()
-        ref_logp = self._logprobs(self.ref_model, batch, response_ids) if self.ref_model is not None else None
+        ref_logp = self._scores(self.ref_model, batch, response_ids) if self.ref_model is not None else None
         metrics["time/ref_logprobs"] = time.perf_counter() - t0
 
         # reward shaping -> advantages (over the global batch: every rank computes them identically)
@@ -216,10 +216,10 @@ class PolicyTrainer:
             shaped = self.normalizer.normalize(shaped)
         token_rewards = shaped
         if ref_logp is not None and not a.use_kl_loss and self.kl_ctl.value > 0:
-            old = old_logp if old_logp is not None else self._logprobs(self.model, batch, response_ids)
+            old = old_logp if old_logp is not None else self._scores(self.model, batch, response_ids)
             kl = kl_penalty(old, ref_logp, a.kl_estimator)
             token_rewards = apply_kl_penalty(shaped, kl, response_mask, self.kl_ctl.value)
-        values = self._values(batch, response_ids) if self.critic is not None else None
+        values = self._scores(self.critic, batch, response_ids, values=True) if self.critic is not None else None
         advantages, returns = self._global_advantages(token_rewards, response_mask, group_ids, values)
 
         # metrics of the rollout
@@ -242,42 +242,10 @@ class PolicyTrainer:
         return Experience(batch, response_ids, response_mask, old_logp, ref_logp, rewards_t, advantages, group_ids,
                           per_source_t, values, returns if values is not None else None)  # fmt: skip
 
-    @torch.no_grad()
-    def _logprobs(self, model, batch, response_ids) -> torch.Tensor:
-        was = model.training
-        model.eval()
-        mb = self.cfg.train.micro_train_batch_size
-        outs = []
-        for s in range(0, response_ids.shape[0], mb):
-            idx = torch.arange(s, min(s + mb, response_ids.shape[0]))
-            part = Experience(batch, response_ids, torch.ones_like(response_ids), None, None,
-                              torch.zeros(len(response_ids)), torch.zeros_like(response_ids, dtype=torch.float),
-                              torch.zeros(len(response_ids)))  # fmt: skip
-            mbatch = part.select(idx)
-            logp, _ = response_logprobs(model, mbatch, mbatch["response_ids"], temperature=self._temperature())
-            full = torch.zeros((len(idx), response_ids.shape[1]), dtype=logp.dtype)
-            full[:, : logp.shape[1]] = logp.cpu()
-            outs.append(full)
-        model.train(was)
-        return torch.cat(outs)
-
-    @torch.no_grad()
-    def _values(self, batch, response_ids) -> torch.Tensor:
-        """The critic's values ``[N, R]`` at rollout time (micro-batched)."""
-        critic = self.critic
-        was = critic.training
-        critic.eval()
-        mb = self.cfg.train.micro_train_batch_size
-        dummy = Experience(batch, response_ids, torch.ones_like(response_ids), None, None, torch.zeros(len(response_ids)),
-                           torch.zeros_like(response_ids, dtype=torch.float), torch.zeros(len(response_ids)))  # fmt: skip
-        out = torch.zeros(response_ids.shape, dtype=torch.float32)
-        for s in range(0, response_ids.shape[0], mb):
-            idx = torch.arange(s, min(s + mb, response_ids.shape[0]))
-            part = dummy.select(idx)
-            v = response_values(critic, part, part["response_ids"].shape[1])
-            out[idx, : v.shape[1]] = v.float().cpu()
-        critic.train(was)
-        return out
+    def _scores(self, model, batch, response_ids, values: bool = False) -> torch.Tensor:
+        """Response log-probs (or a critic's values) ``[N, R]`` without gradient, micro-batched."""
+        return score_responses(model, batch, response_ids, micro_batch_size=self.cfg.train.micro_train_batch_size,
+                               temperature=self._temperature(), values=values)  # fmt: skip
 
     def _temperature(self) -> float:
         return self.cfg.rollout.temperature if self.cfg.rollout.temperature > 0 else 1.0
