@@ -26,7 +26,8 @@ class LoggingConfig:
 
 
 class Tracker:
-    """``log(metrics, step)`` to every sink; ``console_keys`` (names or prefixes) limit the console line."""
+    """``log(metrics, step)`` to every sink; ``console_keys`` limit the console line (exact names, or
+    prefixes ending in ``/`` or ``@``)."""
 
     def __init__(self, out_dir: Path, cfg: Any, active: bool, start_step: int, total_steps: int,
                  desc: str = "train", console_keys: tuple[str, ...] | None = None):  # fmt: skip
@@ -43,6 +44,9 @@ class Tracker:
 
             self.tb = SummaryWriter(str(self.out / "tensorboard"))
         if log.wandb != "disabled":
+            import os
+
+            os.environ.setdefault("WANDB_SILENT", "true")  # no banner and run summary on the console
             import wandb
 
             self.wandb = wandb.init(project=log.wandb_project, mode=log.wandb, dir=str(self.out),
@@ -72,8 +76,8 @@ class Tracker:
                 self.tb.add_scalar(k, v, step)
         if self.wandb is not None:
             self.wandb.log(metrics, step=step)
-        shown = {k: v for k, v in metrics.items()
-                 if self.console_keys is None or any(k == c or k.startswith(c) for c in self.console_keys)}  # fmt: skip
+        shown = {k: v for k, v in metrics.items() if self.console_keys is None or any(
+            k == c or (c.endswith(("/", "@")) and k.startswith(c)) for c in self.console_keys)}  # fmt: skip
         if shown:
             self.print(f"step {step}: " + ", ".join(f"{k}={v:.4g}" for k, v in shown.items()))
 

@@ -179,21 +179,22 @@ def train_policy(cfg: PolicyTrainConfig) -> dict[str, Any]:
         "eval_after": result.get("eval_after"),
         "last_metrics": trainer.history[-1] if trainer.history else {},
     }
-    if strategy.is_rank0:
+    tracker.close()
+    pool.close()
+    if strategy.is_rank0:  # the last thing printed: where everything is
         evals = [(h["step"], h["eval/accuracy"]) for h in _read_metrics(out) if "eval/accuracy" in h]
         plot_curves(trainer.history, evals, out / "curves.png")
         (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         before = (summary["eval_before"] or {}).get("accuracy")
         after = (summary["eval_after"] or {}).get("accuracy")
-        tracker.print(
+        print(
             f"\ntrain-policy done: {trainer.step} steps. Held-out accuracy "
             f"{_fmt(before)} -> {_fmt(after)}\n"
             f"  run folder: {out}\n  final model (transformers format): {final}\n"
             f"  curves: {out / 'curves.png'}\n  sampled trajectories: {out / 'samples.jsonl'}\n"
-            f"  metrics: {out / 'metrics.jsonl'} (TensorBoard: {out / 'tensorboard'})"
+            f"  metrics: {out / 'metrics.jsonl'} (TensorBoard: {out / 'tensorboard'}, wandb: {out / 'wandb'})",
+            flush=True,
         )
-    tracker.close()
-    pool.close()
     return summary
 
 
