@@ -110,6 +110,9 @@ class ScalarRewardModel(nn.Module):
     def gradient_checkpointing_enable(self, **kwargs: Any) -> None:
         self.backbone.gradient_checkpointing_enable(**kwargs)
 
+    def activation_checkpointing_enable(self, **kwargs: Any) -> None:
+        self.backbone.activation_checkpointing_enable(**kwargs)
+
     # -- saving ---------------------------------------------------------------------------------
     def head_config(self) -> dict:
         return {

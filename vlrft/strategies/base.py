@@ -210,7 +210,10 @@ class Strategy:
                 ),
             )
         if self.cfg.gradient_checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2x
+                model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             if hasattr(model, "enable_input_require_grads"):
                 model.enable_input_require_grads()
             if hasattr(model, "config"):
