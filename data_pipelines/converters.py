@@ -19,7 +19,7 @@ from typing import Any
 
 from data_pipelines.errors import DataError
 from data_pipelines.images import load_image
-from data_pipelines.readers import SkipReport, collect
+from data_pipelines.readers import SkipReport, collect, required_text
 from data_pipelines.records import IMAGE_PLACEHOLDER, PromptRecord
 from data_pipelines.sources import open_rows
 
@@ -121,14 +121,7 @@ def as_multiple_choice(record: PromptRecord, instruction: str = "Answer with the
 
 
 def _field(row: dict[str, Any], name: str) -> str:
-    value = row.get(name)
-    if value is None:
-        raise DataError("missing field", category="missing field", field=name)
-    if not isinstance(value, str):
-        raise DataError(f"wrong type: want text, got {type(value).__name__}", category="wrong type", field=name)
-    if not value.strip():
-        raise DataError(f"empty {name}", category=f"empty {name}", field=name)
-    return value
+    return required_text(row.get(name), name)
 
 
 def _check(images: list[Any], check: bool, base_dir: Path | None) -> None:

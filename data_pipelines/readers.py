@@ -128,6 +128,17 @@ def collect(rows: Any, label: str, make: Any, *, on_bad_record: str = "error",
     return records, report
 
 
+def required_text(value: Any, name: str) -> str:
+    """A required text field: missing, non-text and blank values are located ``DataError``s."""
+    if value is None:
+        raise DataError("missing field", category="missing field", field=name)
+    if not isinstance(value, str):
+        raise DataError(f"wrong type: want text, got {type(value).__name__}", category="wrong type", field=name)
+    if not value.strip():
+        raise DataError(f"empty {name}", category=f"empty {name}", field=name)
+    return value
+
+
 def record_from_row(row: dict[str, Any], kind: str = "prompt", *, column_map: dict[str, str] | None = None,
                     default_id: str = "record", image_kwargs: dict[str, Any] | None = None) -> Record:  # fmt: skip
     """One record from one row's dict, checked; loads its images when ``image_kwargs`` is given."""
@@ -154,14 +165,7 @@ def record_from_row(row: dict[str, Any], kind: str = "prompt", *, column_map: di
 
     fields: dict[str, Any] = {}
     for name in REQUIRED[kind]:
-        value = values.pop(name, None)
-        if value is None:
-            raise DataError("missing field", category="missing field", field=name)
-        if not isinstance(value, str):
-            raise DataError(f"wrong type: want text, got {type(value).__name__}", category="wrong type", field=name)
-        if not value.strip():
-            raise DataError(f"empty {name}", category=f"empty {name}", field=name)
-        fields[name] = value
+        fields[name] = required_text(values.pop(name, None), name)
     fields["id"] = _text(values.pop("id", None), "id", numbers=True) or default_id
     fields["images"] = _image_list(values.pop("images", None))
     fields["task"] = _text(values.pop("task", None), "task") or "default"
