@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from data_pipelines.formatting import build_messages
+from data_pipelines.images import image_bounds
 
 
 @dataclass
@@ -41,11 +42,25 @@ def tokenizer_of(processor: Any) -> Any:
     return getattr(processor, "tokenizer", processor)
 
 
+def processor_image_kwargs(processor: Any) -> dict[str, int]:
+    """``load_image`` bounds from a Qwen-VL processor's own ``min_pixels``/``max_pixels``/patch factor, so
+    images are sized for the model at hand ({} for a text-only tokenizer)."""
+    if getattr(processor, "image_processor", None) is None:
+        return {}
+    bounds = image_bounds(processor)
+    return {"min_pixels": bounds["min_pixels"], "max_pixels": bounds["max_pixels"], "factor": bounds["image_factor"]}
+
+
 def encode_prompt(
-    processor: Any, record: Any, *, system_prompt: str | None = None, prompt_template: str | None = None
+    processor: Any, record: Any, *, system_prompt: str | None = None, prompt_template: str | None = None,
+    image_kwargs: dict[str, Any] | None = None,
 ) -> EncodedPrompt:
-    """Chat-format and preprocess one prompt record (images included) for generation."""
-    messages = build_messages(record, system_prompt=system_prompt, prompt_template=prompt_template)
+    """Chat-format and preprocess one prompt record (images included) for generation. Images are loaded
+    with ``image_kwargs`` (default: the processor's own bounds, :func:`processor_image_kwargs`)."""
+    if image_kwargs is None:
+        image_kwargs = processor_image_kwargs(processor)
+    messages = build_messages(record, system_prompt=system_prompt, prompt_template=prompt_template,
+                              image_kwargs=image_kwargs)  # fmt: skip
     enc = processor.apply_chat_template(
         messages, add_generation_prompt=True, tokenize=True, return_dict=True, return_tensors="pt"
     )

@@ -20,7 +20,7 @@ from typing import Any, Sequence
 
 from data_pipelines.records import PromptRecord
 from eval.benchmarks import Benchmark, get_benchmark
-from eval.generation import Generation, generate, generate_with_engine
+from eval.generation import Generation, generate_with_engine
 from eval.metrics import summarize
 from reward_models.verifiers import Verifier, get_verifier
 
@@ -118,14 +118,18 @@ def evaluate(model: Any, processor_or_tokenizer: Any, records: Sequence[PromptRe
 
     With ``out_dir``: writes ``samples.jsonl`` (appended per batch), ``metrics.json``, ``report.html``
     and ``run.json`` (the settings; a resumed run must match them), and with ``resume`` skips problems
-    already in ``samples.jsonl``. Without it nothing is written (the in-training use). Images are
-    loaded by ``data_pipelines.images.load_image(**image_kwargs)``; the default leaves their size to the
-    processor (``max_pixels=None``). With ``engine`` (a ``vlrft.rollout`` engine, e.g. the trainer's),
-    generation goes through it and its prompt encoding instead (``image_kwargs`` then does not apply).
+    already in ``samples.jsonl``. Without it nothing is written (the in-training use). Generation goes
+    through ``engine`` (a ``vlrft.rollout`` engine, e.g. the trainer's; default: an ``hf`` engine on
+    ``model``). Images not loaded yet are loaded by ``data_pipelines.images.load_image(**image_kwargs)``
+    (default: the processor's own pixel bounds).
     """
-    from data_pipelines.formatting import apply_template, build_messages
+    from data_pipelines.formatting import apply_template
 
     bench = get_benchmark(benchmark)
+    if engine is None:
+        from vlrft.rollout import make_engine
+
+        engine = make_engine("hf", model, processor_or_tokenizer, micro_batch_size=batch_size)
     verifier = get_verifier(bench.verifier)
     if n < 1 or batch_size < 1:
         raise ValueError(f"need n >= 1 and batch_size >= 1, got n={n}, batch_size={batch_size}")
@@ -159,13 +163,8 @@ def evaluate(model: Any, processor_or_tokenizer: Any, records: Sequence[PromptRe
             if not todo:
                 continue
             sampling = dict(n=n, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed + index)
-            if engine is not None:
-                gens = generate_with_engine(engine, processor_or_tokenizer, todo, system_prompt=system_prompt,
-                                            prompt_template=bench.prompt_template, **sampling)  # fmt: skip
-            else:
-                messages = [build_messages(r, system_prompt=system_prompt, prompt_template=bench.prompt_template,
-                                           image_kwargs=image_kwargs or {"max_pixels": None}) for r in todo]  # fmt: skip
-                gens = generate(model, processor_or_tokenizer, messages, **sampling)
+            gens = generate_with_engine(engine, processor_or_tokenizer, todo, system_prompt=system_prompt,
+                                        prompt_template=bench.prompt_template, image_kwargs=image_kwargs, **sampling)  # fmt: skip
             rows = [score_problem(r, g, verifier, apply_template(r.prompt, bench.prompt_template))
                     for r, g in zip(todo, gens)]  # fmt: skip
             if samples_file is not None:  # one write per batch: a kill leaves whole batches (or one torn line)

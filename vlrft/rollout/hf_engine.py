@@ -28,8 +28,10 @@ class HFRolloutEngine:
         self.synced = synced
         self.micro_batch_size = micro_batch_size
         cfg = model.config
-        self.eos_ids = [cfg.get_text_config().eos_token_id] if hasattr(cfg, "get_text_config") else [cfg.eos_token_id]
-        self.eos_ids = [i for i in self.eos_ids if i is not None]
+        # the generation config's EOS list wins (Qwen instruct models stop at <|im_end|> or <|endoftext|>)
+        gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+        eos = gen_eos if gen_eos is not None else cfg.get_text_config().eos_token_id
+        self.eos_ids = [i for i in (eos if isinstance(eos, (list, tuple)) else [eos]) if i is not None]
         self.pad_id = self.tokenizer.pad_token_id
         self.embed_once = getattr(cfg, "model_type", "") in _EMBED_ONCE_TYPES and not synced
         # a response must never contain vision placeholders (the model would expect image features for them)

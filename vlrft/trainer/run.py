@@ -51,16 +51,19 @@ def build_critic(cfg: PolicyTrainConfig, policy_path: str):
     return model, make_strategy(replace(cfg.strategy, lora_rank=0), replace(cfg.optim, lr=cfg.critic.lr))
 
 
-def load_prompt_records(source: str, cfg: PolicyTrainConfig, size: int, seed: int) -> list[PromptRecord]:
-    """``synthetic:TASK`` draws a synthetic task; anything else is read by data_pipelines.readers."""
+def load_prompt_records(source: str, cfg: PolicyTrainConfig, size: int, seed: int, processor: Any) -> list[PromptRecord]:
+    """``synthetic:TASK`` draws a synthetic task; anything else is read by data_pipelines.readers, its
+    images sized by the processor's own pixel bounds."""
     if source.startswith(SYNTHETIC_PREFIX):
         from data_pipelines.synthetic import make_prompt_records
 
         return make_prompt_records(source[len(SYNTHETIC_PREFIX) :], size, seed=seed, **cfg.data.synthetic_options)
+    from data_pipelines.images import image_bounds
     from data_pipelines.readers import read_records
 
-    records, report = read_records(source, kind="prompt", column_map=dict(cfg.data.column_map) or None,
-                                   on_bad_record=cfg.data.on_bad_record)  # fmt: skip
+    bounds = image_bounds(processor) if getattr(processor, "image_processor", None) is not None else {}
+    records, _ = read_records(source, kind="prompt", column_map=dict(cfg.data.column_map) or None,
+                              on_bad_record=cfg.data.on_bad_record, **bounds)  # fmt: skip
     return records
 
 
@@ -144,7 +147,7 @@ def train_policy(cfg: PolicyTrainConfig) -> dict[str, Any]:
     from data_pipelines.readers import filter_by_prompt_length
 
     def prompts(source: str, size: int, seed: int) -> list[PromptRecord]:
-        records = load_prompt_records(source, cfg, size, seed)
+        records = load_prompt_records(source, cfg, size, seed, processor)
         return filter_by_prompt_length(records, processor, cfg.data.max_prompt_length, cfg.data.on_bad_record,
                                        system_prompt=cfg.data.system_prompt or None,
                                        prompt_template=cfg.data.prompt_template)  # fmt: skip
