@@ -19,7 +19,7 @@ def _cmd(model_dir: Path, out: Path) -> list[str]:
     return [sys.executable, "-m", "vlrft", "train-policy",
             f"model.path={model_dir}", f"train.output_dir={out}", "data.eval_source=''",
             "data.synthetic_train_size=20", "rollout.rollout_batch_size=4", "rollout.n_samples_per_prompt=4",
-            "rollout.max_new_tokens=4", "train.max_steps=7", "train.save_every=1", "train.keep_last=2",
+            "rollout.max_new_tokens=4", "train.max_steps=12", "train.save_every=1", "train.keep_last=2",
             "train.micro_train_batch_size=8", "train.train_batch_size=8", "train.max_epochs=2",
             "optim.lr=1e-3", "logging.tensorboard=false", "logging.wandb=disabled", "logging.progress_bar=false"]  # fmt: skip
 
@@ -44,10 +44,10 @@ def test_sigkill_then_resume_is_bitwise_identical(tiny_model, tmp_path):
     proc = subprocess.Popen(_cmd(model_dir, killed), env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     ckpts = killed / "checkpoints"
     deadline = time.time() + 600
-    target = random.Random(os.getpid()).randint(1, 4)  # kill somewhere after checkpoint `target` exists
+    target = random.Random(os.getpid()).randint(1, 3)  # kill somewhere after checkpoint `target` exists
     while time.time() < deadline and not (ckpts / f"step-{target:06d}" / "COMPLETE").exists():
-        time.sleep(0.05)
-    time.sleep(random.Random(target).uniform(0, 1.5))
+        time.sleep(0.01)
+    time.sleep(random.Random(target).uniform(0, 0.3))  # at least 9 more steps to go: well inside the run
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert not (killed / "final").exists(), "the run finished before it was killed"
@@ -61,6 +61,7 @@ def test_sigkill_then_resume_is_bitwise_identical(tiny_model, tmp_path):
     order_a, order_b = _order(full), _order(killed)
     assert order_a == order_b
     seen = [pid for step in order_b for pid in step]
-    assert len(seen) == 7 * 4 and len(set(seen[:20])) == 20  # one episode of 20 prompts: none twice or skipped
+    # episodes of 20 prompts: within each, none twice or skipped
+    assert len(seen) == 12 * 4 and len(set(seen[:20])) == 20 and len(set(seen[20:40])) == 20
     kept = sorted(p.name for p in (killed / "checkpoints").iterdir())
-    assert kept == ["step-000006", "step-000007"]  # keep_last=2, no half-written .tmp left behind
+    assert kept == ["step-000011", "step-000012"]  # keep_last=2, no half-written .tmp left behind
