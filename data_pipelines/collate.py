@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from data_pipelines.formatting import build_messages
+from data_pipelines.formatting import build_messages, text_only_messages
 from data_pipelines.images import image_bounds
 
 
@@ -57,10 +57,15 @@ def encode_prompt(
 ) -> EncodedPrompt:
     """Chat-format and preprocess one prompt record (images included) for generation. Images are loaded
     with ``image_kwargs`` (default: the processor's own bounds, :func:`processor_image_kwargs`)."""
+    text_only = getattr(processor, "image_processor", None) is None
+    if text_only and record.images:
+        raise ValueError(f"record {record.id!r} has {len(record.images)} image(s) but the model is text-only")
     if image_kwargs is None:
         image_kwargs = processor_image_kwargs(processor)
     messages = build_messages(record, system_prompt=system_prompt, prompt_template=prompt_template,
                               image_kwargs=image_kwargs)  # fmt: skip
+    if text_only:
+        messages = text_only_messages(messages)
     enc = processor.apply_chat_template(
         messages, add_generation_prompt=True, tokenize=True, return_dict=True, return_tensors="pt"
     )

@@ -80,3 +80,10 @@ def build_messages(record: Any, *, system_prompt: str | None = None, prompt_temp
     if response is not None:
         messages.append({"role": "assistant", "content": [{"type": "text", "text": response}]})
     return messages
+
+
+def text_only_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Messages with list contents joined into strings: text-only Qwen chat templates concatenate
+    ``message['content']`` as a string (the Qwen-VL templates take the list form)."""
+    return [{**m, "content": m["content"] if isinstance(m["content"], str)
+             else "".join(c.get("text", "") for c in m["content"])} for m in messages]  # fmt: skip

@@ -13,12 +13,17 @@ from typing import Any
 
 import torch
 
+from data_pipelines.collate import tokenizer_of
 
-def load_images(images: list[Any]) -> list[Any]:
-    """Records' images as RGB PIL images at Qwen's size (paths, bytes, data URIs or PIL objects)."""
+
+def load_images(images: list[Any], processor: Any) -> list[Any]:
+    """Records' images as RGB PIL images sized by the processor's own pixel bounds (paths, bytes, data
+    URIs or PIL objects)."""
+    from data_pipelines.collate import processor_image_kwargs
     from data_pipelines.images import load_image
 
-    return [load_image(im) for im in images]
+    kwargs = processor_image_kwargs(processor)
+    return [load_image(im, **kwargs) for im in images]
 
 
 def conversation(prompt: str, images: list[Any], response: str | None, system: str | None = None) -> list[dict]:
@@ -45,19 +50,12 @@ def _is_processor(processor: Any) -> bool:
     return hasattr(processor, "image_processor")
 
 
-def tokenizer_of(processor: Any):
-    """The tokenizer inside a processor (or the tokenizer itself)."""
-    return processor.tokenizer if _is_processor(processor) else processor
-
-
 def render(processor: Any, messages: list[dict], add_generation_prompt: bool = False) -> str:
     """Chat-template text of ``messages`` (a finished assistant turn loses the template's trailing newline)."""
-    if not _is_processor(processor):  # text tokenizers want string contents
-        messages = [
-            {**m, "content": m["content"] if isinstance(m["content"], str)
-             else "".join(c.get("text", "") for c in m["content"])}
-            for m in messages
-        ]  # fmt: skip
+    if not _is_processor(processor):
+        from data_pipelines.formatting import text_only_messages
+
+        messages = text_only_messages(messages)
     text = processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
     if not add_generation_prompt and text.endswith("<|im_end|>\n"):
         text = text[:-1]
@@ -95,7 +93,7 @@ def encode_responses(
     """
     texts, images = [], []
     for prompt, ims, response, system in items:
-        loaded = load_images(ims)
+        loaded = load_images(ims, processor)
         texts.append(render(processor, conversation(prompt, loaded, response, system)))
         images.append(loaded)
     batch = tokenize_texts(processor, texts, images)
@@ -127,7 +125,7 @@ def encode_sft(
     """
     full_texts, prompt_texts, images = [], [], []
     for prompt, ims, target, system in items:
-        loaded = load_images(ims)
+        loaded = load_images(ims, processor)
         full_texts.append(render(processor, conversation(prompt, loaded, target, system)))
         prompt_texts.append(render(processor, conversation(prompt, loaded, None, system), add_generation_prompt=True))
         images.append(loaded)

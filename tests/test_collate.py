@@ -111,3 +111,20 @@ def test_group_shares_one_preprocessing(vl, monkeypatch):
         assert torch.equal(batch["pixel_values"][:per_prompt], prompts[0].pixel_values)
     finally:
         handle.remove()
+
+
+def test_text_only_tokenizer_gets_string_contents(tiny_model):
+    """Text-only Qwen chat templates concatenate message['content'] as a string (Qwen2.5-Instruct's do)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model("qwen2"))
+    tok.chat_template = (
+        "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{% endfor %}"
+        "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+    )
+    enc = encode_prompt(tok, PromptRecord(id="a", prompt="2+2?", system="Be brief."), prompt_template="plain")
+    assert tok.decode(enc.input_ids) == (
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n"
+    )
+    with pytest.raises(ValueError, match="record 'b' has 1 image.*text-only"):
+        encode_prompt(tok, PromptRecord(id="b", prompt="x", images=[Image.new("RGB", (56, 56))]))
