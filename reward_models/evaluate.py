@@ -71,7 +71,7 @@ def evaluate_reward_model(model_dir: str | Path, data: str, batch_size: int = 16
     model, processor = load_judge(model_dir)
     model.to(dev)
     texts = generate_judgments(model, processor, [(r.prompt, r.images, r.system) for r in records],
-                               max_new_tokens, batch_size, dev)  # fmt: skip
+                               max_new_tokens, batch_size)  # fmt: skip
     correct = counted = unparsable = 0
     for rec, text in zip(records, texts):
         want = parse_judgment(rec.target, judge_mode)

@@ -155,16 +155,15 @@ class GenerativeRewardModel:
 
     @torch.no_grad()
     def judge(self, items: list[tuple[str, list[Any], str | None]], micro_batch_size: int = 8,
-              device: torch.device | str | None = None, synced_gpus: bool = False) -> list[str]:  # fmt: skip
-        """Greedy judgments for ``(user_text, images, system)`` items."""
-        return generate_judgments(self.model, self.processor, items, self.max_new_tokens, micro_batch_size,
-                                  device, synced_gpus)  # fmt: skip
+              synced_gpus: bool = False) -> list[str]:  # fmt: skip
+        """Greedy judgments for ``(user_text, images, system)`` items (on the model's device)."""
+        return generate_judgments(self.model, self.processor, items, self.max_new_tokens, micro_batch_size, synced_gpus)
 
-    def score(self, items: list[tuple[str, list[Any], str, str | None]], micro_batch_size: int = 8,
-              device: torch.device | str | None = None) -> tuple[torch.Tensor, list[str]]:  # fmt: skip
+    def score(self, items: list[tuple[str, list[Any], str, str | None]],
+              micro_batch_size: int = 8) -> tuple[torch.Tensor, list[str]]:  # fmt: skip
         """Rewards ``[N]`` and judgments for ``(prompt, images, response, system)`` items."""
         judge_items = [(judgment_prompt(p, r, self.template), ims, self.system) for p, ims, r, _ in items]
-        texts = self.judge(judge_items, micro_batch_size, device)
+        texts = self.judge(judge_items, micro_batch_size)
         return torch.tensor([self.parser.reward(t) for t in texts], dtype=torch.float32), texts
 
 
@@ -182,27 +181,14 @@ def load_judge(path: str | Path, dtype: torch.dtype | None = None) -> tuple[Any,
 
 @torch.no_grad()
 def generate_judgments(model: Any, processor: Any, items: list[tuple[str, list[Any], str | None]],
-                       max_new_tokens: int = 16, micro_batch_size: int = 8,
-                       device: torch.device | str | None = None, synced_gpus: bool = False) -> list[str]:  # fmt: skip
-    """Greedy generations (left-padded batches) for ``(user_text, images, system)`` items."""
-    from reward_models.encoding import conversation, load_images, model_inputs, render, tokenize_texts, tokenizer_of
+                       max_new_tokens: int = 16, micro_batch_size: int = 8, synced_gpus: bool = False) -> list[str]:  # fmt: skip
+    """Greedy judgments for ``(user_text, images, system)`` items, through the ``hf`` rollout engine (the
+    policy's generation path: sharded judges generate in lockstep with ``synced_gpus``)."""
+    from data_pipelines.collate import encode_prompt
+    from data_pipelines.records import PromptRecord
+    from vlrft.rollout import SamplingParams, make_engine
 
-    tok = tokenizer_of(processor)
-    device = device or next(model.parameters()).device
-    was_training = model.training
-    model.eval()
-    out: list[str] = []
-    for start in range(0, len(items), micro_batch_size):
-        chunk = items[start : start + micro_batch_size]
-        texts, images = [], []
-        for text, ims, system in chunk:
-            loaded = load_images(ims)
-            texts.append(render(processor, conversation(text, loaded, None, system), add_generation_prompt=True))
-            images.append(loaded)
-        batch = model_inputs(tokenize_texts(processor, texts, images, padding_side="left"), device)
-        gen = model.generate(**batch, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tok.pad_token_id,
-                             eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"), synced_gpus=synced_gpus)  # fmt: skip
-        new = gen[:, batch["input_ids"].shape[1] :]
-        out.extend(tok.batch_decode(new, skip_special_tokens=True))
-    model.train(was_training)
-    return out
+    engine = make_engine("hf", model, processor, synced=synced_gpus, micro_batch_size=micro_batch_size)
+    prompts = [encode_prompt(processor, PromptRecord(id=str(i), prompt=text, images=list(ims), system=system))
+               for i, (text, ims, system) in enumerate(items)]  # fmt: skip
+    return [r.text for r in engine.generate(prompts, SamplingParams(n=1, temperature=0.0, max_new_tokens=max_new_tokens))]

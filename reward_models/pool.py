@@ -171,7 +171,7 @@ class NeuralSource:
                                           self.cfg.max_length, self.device)  # fmt: skip
                 return rewards, {}
             before = self.grm.parser.n_unparsable
-            rewards, _ = self.grm.score(items, self.cfg.micro_batch_size, self.device)
+            rewards, _ = self.grm.score(items, self.cfg.micro_batch_size)
             return rewards, {f"reward/{self.name}/unparsable": float(self.grm.parser.n_unparsable - before)}
         finally:
             self._unload()

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from reward_models.encoding import encode_responses, encode_sft, model_inputs
 from reward_models.generative import generate_judgments, parse_judgment
 from reward_models.losses import bradley_terry_loss, judge_sft_loss
 from vlrft.tracking import Tracker
+from vlrft.trainer.checkpoints import latest_checkpoint, prune_checkpoints
 
 CKPT_PREFIX = "step_"
 
@@ -133,30 +133,11 @@ def _shard(records: list, rank: int, world: int) -> list[tuple[Any, bool]]:
     return mine + [(records[0], False)] * (per_rank - len(mine))
 
 
-_EVAL_COPY: dict[str, Any] = {}
-
-
 @torch.no_grad()
 def evaluate(model: Any, processor: Any, records: list, cfg: RewardModelTrainConfig, strategy: Any) -> dict:
     """Held-out pairwise accuracy (srm) or judgment accuracy (grm), over all ranks."""
     if cfg.train.max_eval_records:
         records = records[: cfg.train.max_eval_records]
-    if cfg.model.kind == "grm" and strategy.shards_parameters:
-        # generate() on a sharded (FSDP2 / ZeRO-3) HF model runs submodules outside the root's hooks;
-        # rank 0 generates with an unsharded copy holding the gathered weights instead.
-        state = strategy.full_state_dict()
-        result = None
-        if strategy.is_rank0:
-            if cfg.model.path not in _EVAL_COPY:
-                from reward_models.generative import load_judge
-
-                _EVAL_COPY.clear()
-                _EVAL_COPY[cfg.model.path] = load_judge(cfg.model.path)[0]
-            judge = _EVAL_COPY[cfg.model.path]
-            judge.load_state_dict(state)
-            result = evaluate(judge, processor, records, cfg, _OneProcess(strategy.device))
-        strategy.barrier()
-        return strategy.broadcast_object(result)
     shard = _shard(records, strategy.rank, strategy.world_size)
     bs = cfg.train.eval_batch_size
     correct = counted = unparsable = 0
@@ -173,7 +154,7 @@ def evaluate(model: Any, processor: Any, records: list, cfg: RewardModelTrainCon
         else:
             items = [(r.prompt, r.images, _system(r, cfg)) for r in recs]
             texts = generate_judgments(strategy.unwrap(model), processor, items, cfg.judge.max_new_tokens, len(items),
-                                       strategy.device, synced_gpus=strategy.shards_parameters)  # fmt: skip
+                                       synced_gpus=strategy.shards_parameters)  # fmt: skip
             for rec, text, is_real in zip(recs, texts, real):
                 want = parse_judgment(rec.target, cfg.judge.mode, cfg.judge.score_max)
                 got = parse_judgment(text, cfg.judge.mode, cfg.judge.score_max)
@@ -191,36 +172,12 @@ def evaluate(model: Any, processor: Any, records: list, cfg: RewardModelTrainCon
     return out
 
 
-class _OneProcess:
-    """The strategy surface :func:`evaluate` needs, for rank 0 alone."""
-
-    rank, world_size, shards_parameters = 0, 1, False
-
-    def __init__(self, device: torch.device):
-        self.device = device
-
-    def unwrap(self, model: Any) -> Any:
-        return model
-
-    def all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
-        return tensor
-
-
 # -- checkpoints ---------------------------------------------------------------------------------
-def checkpoints(root: Path) -> list[Path]:
-    """Complete checkpoints under ``root``, oldest first."""
-    if not root.is_dir():
-        return []
-    found = [p for p in root.iterdir() if p.name.startswith(CKPT_PREFIX) and p.is_dir() and (p / "COMPLETE").is_file()]
-    return sorted(found, key=lambda p: int(p.name[len(CKPT_PREFIX) :]))
-
-
 def _resume_path(cfg: RewardModelTrainConfig, root: Path) -> Path | None:
     if cfg.train.resume == "never":
         return None
     if cfg.train.resume == "auto":
-        found = checkpoints(root)
-        return found[-1] if found else None
+        return latest_checkpoint(root, CKPT_PREFIX)
     path = Path(cfg.train.resume)
     if not (path / "COMPLETE").is_file():
         raise FileNotFoundError(f"train.resume={cfg.train.resume}: not a complete checkpoint folder")
@@ -331,6 +288,5 @@ def _save(strategy: Any, root: Path, step: int, keep_last: int) -> None:
         return
     strategy.save_checkpoint(path, {"step": step, "rng": rng_state()})
     if strategy.is_rank0:
-        for old in checkpoints(root)[:-keep_last]:
-            shutil.rmtree(old, ignore_errors=True)
+        prune_checkpoints(root, keep_last, CKPT_PREFIX)
     strategy.barrier()

@@ -92,6 +92,7 @@ class PolicyTrainer:
         self.step = 0
         self.cursor = 0  # prompts consumed so far (global), defines the data position
         self._step_prompt_ids: list[str] = []
+        self._order_cache: tuple[int, list[int]] = (-1, [])  # (episode, its prompt order)
         self.history: list[dict[str, float]] = []
         self.out = Path(cfg.train.output_dir)
 
@@ -111,7 +112,7 @@ class PolicyTrainer:
         picked = []
         for k in range(self.cursor, self.cursor + count):
             episode, offset = divmod(k, n)
-            if offset == 0 or not hasattr(self, "_order_cache") or self._order_cache[0] != episode:
+            if self._order_cache[0] != episode:
                 self._order_cache = (episode, self._order(episode))
             picked.append(self.train_records[self._order_cache[1][offset]])
         self.cursor += count
