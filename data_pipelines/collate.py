@@ -52,7 +52,11 @@ def processor_image_kwargs(processor: Any) -> dict[str, int]:
 
 
 def encode_prompt(
-    processor: Any, record: Any, *, system_prompt: str | None = None, prompt_template: str | None = None,
+    processor: Any,
+    record: Any,
+    *,
+    system_prompt: str | None = None,
+    prompt_template: str | None = None,
     image_kwargs: dict[str, Any] | None = None,
 ) -> EncodedPrompt:
     """Chat-format and preprocess one prompt record (images included) for generation. Images are loaded
@@ -62,8 +66,9 @@ def encode_prompt(
         raise ValueError(f"record {record.id!r} has {len(record.images)} image(s) but the model is text-only")
     if image_kwargs is None:
         image_kwargs = processor_image_kwargs(processor)
-    messages = build_messages(record, system_prompt=system_prompt, prompt_template=prompt_template,
-                              image_kwargs=image_kwargs)  # fmt: skip
+    messages = build_messages(
+        record, system_prompt=system_prompt, prompt_template=prompt_template, image_kwargs=image_kwargs
+    )
     if text_only:
         messages = text_only_messages(messages)
     enc = processor.apply_chat_template(

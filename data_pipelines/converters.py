@@ -35,21 +35,28 @@ def gsm8k_gold(solution: str) -> str:
     raise DataError("no '#### <number>' line in the solution", category="missing gold", field="answer")
 
 
-def convert_gsm8k(source: str | Path, split: str = "test", *, config_name: str = "main",
-                  on_bad_record: str = "error") -> tuple[list[PromptRecord], SkipReport]:  # fmt: skip
+def convert_gsm8k(
+    source: str | Path, split: str = "test", *, config_name: str = "main", on_bad_record: str = "error"
+) -> tuple[list[PromptRecord], SkipReport]:
     """GSM8K prompt records from a ``.jsonl``/``.parquet`` file, a folder of either layout or a hub id."""
     rows, label, _ = open_rows(source, split=split, config_name=config_name)
 
     def make(row: dict[str, Any], row_no: int, index: int) -> PromptRecord:
         question, solution = _field(row, "question"), _field(row, "answer")
-        return PromptRecord(id=f"gsm8k-{split}-{index}", prompt=question, answer=gsm8k_gold(solution), task="gsm8k",
-                            metadata={"solution": solution, "split": split, "index": index})  # fmt: skip
+        return PromptRecord(
+            id=f"gsm8k-{split}-{index}",
+            prompt=question,
+            answer=gsm8k_gold(solution),
+            task="gsm8k",
+            metadata={"solution": solution, "split": split, "index": index},
+        )
 
     return collect(rows, label, make, on_bad_record=on_bad_record)
 
 
-def convert_geo3k(source: str | Path, split: str = "test", *, on_bad_record: str = "error",
-                  check_images: bool = True) -> tuple[list[PromptRecord], SkipReport]:  # fmt: skip
+def convert_geo3k(
+    source: str | Path, split: str = "test", *, on_bad_record: str = "error", check_images: bool = True
+) -> tuple[list[PromptRecord], SkipReport]:
     """Geometry3K prompt records from the InterGPS folder layout, hub-layout parquet or a hub id.
 
     ``source`` may be the InterGPS root (holding ``<split>/``) or the split folder itself. With
@@ -66,11 +73,21 @@ def convert_geo3k(source: str | Path, split: str = "test", *, on_bad_record: str
         images = row.get("images")
         images = [images] if isinstance(images, dict) else list(images or [])
         if problem.count(IMAGE_PLACEHOLDER) != len(images):
-            raise DataError(f"problem has {problem.count(IMAGE_PLACEHOLDER)} {IMAGE_PLACEHOLDER} placeholders but "
-                            f"{len(images)} images", category="placeholder mismatch", field="problem")  # fmt: skip
+            raise DataError(
+                f"problem has {problem.count(IMAGE_PLACEHOLDER)} {IMAGE_PLACEHOLDER} placeholders but "
+                f"{len(images)} images",
+                category="placeholder mismatch",
+                field="problem",
+            )
         _check(images, check_images, base_dir)
-        return PromptRecord(id=f"geo3k-{split}-{index}", prompt=problem, images=images, answer=answer.strip(),
-                            task="geo3k", metadata={"split": split, "index": index})  # fmt: skip
+        return PromptRecord(
+            id=f"geo3k-{split}-{index}",
+            prompt=problem,
+            images=images,
+            answer=answer.strip(),
+            task="geo3k",
+            metadata={"split": split, "index": index},
+        )
 
     return collect(rows, label, make, on_bad_record=on_bad_record)
 
@@ -89,23 +106,37 @@ def _geo3k_intergps(folder: Path, split: str, on_bad_record: str, check_images: 
         if not isinstance(choices, list) or not choices or not all(isinstance(c, str) for c in choices):
             raise DataError(f"want a list of choice texts, got {choices!r:.80}", category="wrong type", field="choices")
         if len(letter) != 1 or not 0 <= ord(letter) - ord("A") < len(choices):
-            raise DataError(f"answer letter {letter!r} names none of {len(choices)} choices",
-                            category="bad answer", field="answer")  # fmt: skip
+            raise DataError(
+                f"answer letter {letter!r} names none of {len(choices)} choices", category="bad answer", field="answer"
+            )
         text = row.get("annotat_text") or _field(row, "problem_text")
         image = row["_dir"] / "img_diagram.png"
         _check([str(image)], check_images, None)
-        meta = {"choices": choices, "answer_letter": letter, "problem_text": row.get("problem_text"),
-                "geo3k_id": row.get("id", row_no), "split": split}  # fmt: skip
+        meta = {
+            "choices": choices,
+            "answer_letter": letter,
+            "problem_text": row.get("problem_text"),
+            "geo3k_id": row.get("id", row_no),
+            "split": split,
+        }
         for key in ("problem_type_graph", "problem_type_goal"):
             if key in row:
                 meta[key] = row[key]
-        return PromptRecord(id=f"geo3k-{split}-{row_no}", prompt=IMAGE_PLACEHOLDER + text.strip(), images=[str(image)],
-                            answer=choices[ord(letter) - ord("A")].strip(), task="geo3k", metadata=meta)  # fmt: skip
+        return PromptRecord(
+            id=f"geo3k-{split}-{row_no}",
+            prompt=IMAGE_PLACEHOLDER + text.strip(),
+            images=[str(image)],
+            answer=choices[ord(letter) - ord("A")].strip(),
+            task="geo3k",
+            metadata=meta,
+        )
 
     return collect(rows(), str(folder), make, on_bad_record=on_bad_record)
 
 
-def as_multiple_choice(record: PromptRecord, instruction: str = "Answer with the letter of the right choice.") -> PromptRecord:
+def as_multiple_choice(
+    record: PromptRecord, instruction: str = "Answer with the letter of the right choice."
+) -> PromptRecord:
     """The multiple-choice form of a Geometry3K record: choices listed as ``A. ...``, the answer a letter.
 
     Needs ``metadata["choices"]`` and ``metadata["answer_letter"]`` (the InterGPS layout keeps them); the
@@ -113,11 +144,19 @@ def as_multiple_choice(record: PromptRecord, instruction: str = "Answer with the
     """
     choices, letter = record.metadata.get("choices"), record.metadata.get("answer_letter")
     if not choices or not letter:
-        raise DataError("no choices in metadata (the hub layout has none; convert the InterGPS layout)",
-                        category="missing field", source=f"record {record.id!r}", field="metadata.choices")  # fmt: skip
+        raise DataError(
+            "no choices in metadata (the hub layout has none; convert the InterGPS layout)",
+            category="missing field",
+            source=f"record {record.id!r}",
+            field="metadata.choices",
+        )
     listed = "\n".join(f"{chr(ord('A') + i)}. {c}" for i, c in enumerate(choices))
-    return dataclasses.replace(record, prompt=f"{record.prompt}\nChoices:\n{listed}\n{instruction}", answer=letter,
-                               metadata={**record.metadata, "free_form_answer": record.answer})  # fmt: skip
+    return dataclasses.replace(
+        record,
+        prompt=f"{record.prompt}\nChoices:\n{listed}\n{instruction}",
+        answer=letter,
+        metadata={**record.metadata, "free_form_answer": record.answer},
+    )
 
 
 def _field(row: dict[str, Any], name: str) -> str:

@@ -9,13 +9,21 @@ class DataError(ValueError):
     """Bad input data. ``str(err)`` reads ``"FILE:ROW field 'images[1]': truncated PNG (...)"``.
 
     ``source`` is the file (or dataset) name, ``row`` the 1-based line for JSONL/CSV and the 0-based
-    record index for JSON arrays, Parquet and ``datasets`` (``"FILE:ROW"`` inside a folder source); ``field`` the column or field (with an index
-    for list items); ``reason`` the human-readable cause; ``category`` a short key (``"truncated image"``,
-    ``"missing field"`` ...) under which a skipping reader counts the record.
+    record index for JSON arrays, Parquet and ``datasets`` (``"FILE:ROW"`` inside a folder source);
+    ``field`` the column or field (with an index for list items); ``reason`` the human-readable cause;
+    ``category`` a short key (``"truncated image"``, ``"missing field"`` ...)
+    under which a skipping reader counts the record.
     """
 
-    def __init__(self, reason: str, *, category: str = "bad record", source: Any = None,
-                 row: int | str | None = None, field: str | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        reason: str,
+        *,
+        category: str = "bad record",
+        source: Any = None,
+        row: int | str | None = None,
+        field: str | None = None,
+    ) -> None:
         self.reason, self.category = reason, category
         self.source = None if source is None else str(source)
         self.row, self.field = row, field

@@ -37,8 +37,10 @@ def resolve_template(prompt_template: str | None) -> str:
     if prompt_template in PROMPT_TEMPLATES:
         return PROMPT_TEMPLATES[prompt_template]
     if "{prompt}" not in prompt_template:
-        raise ValueError(f"prompt_template {prompt_template!r} is neither a name in PROMPT_TEMPLATES "
-                         f"({', '.join(PROMPT_TEMPLATES)}) nor a format string with {{prompt}}")  # fmt: skip
+        raise ValueError(
+            f"prompt_template {prompt_template!r} is neither a name in PROMPT_TEMPLATES "
+            f"({', '.join(PROMPT_TEMPLATES)}) nor a format string with {{prompt}}"
+        )
     return prompt_template
 
 
@@ -63,8 +65,14 @@ def user_content(text: str, images: list[Any], image_kwargs: dict[str, Any] | No
     return content
 
 
-def build_messages(record: Any, *, system_prompt: str | None = None, prompt_template: str | None = None,
-                   response: str | None = None, image_kwargs: dict[str, Any] | None = None) -> list[dict[str, Any]]:  # fmt: skip
+def build_messages(
+    record: Any,
+    *,
+    system_prompt: str | None = None,
+    prompt_template: str | None = None,
+    response: str | None = None,
+    image_kwargs: dict[str, Any] | None = None,
+) -> list[dict[str, Any]]:
     """Qwen-VL chat messages for a prompt record, preference pair or judgment record.
 
     The record's own ``system`` wins over ``system_prompt`` (a run-wide default). ``response`` appends an
@@ -85,5 +93,12 @@ def build_messages(record: Any, *, system_prompt: str | None = None, prompt_temp
 def text_only_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Messages with list contents joined into strings: text-only Qwen chat templates concatenate
     ``message['content']`` as a string (the Qwen-VL templates take the list form)."""
-    return [{**m, "content": m["content"] if isinstance(m["content"], str)
-             else "".join(c.get("text", "") for c in m["content"])} for m in messages]  # fmt: skip
+    return [
+        {
+            **m,
+            "content": m["content"]
+            if isinstance(m["content"], str)
+            else "".join(c.get("text", "") for c in m["content"]),
+        }
+        for m in messages
+    ]

@@ -61,8 +61,13 @@ def load_image(
     return im
 
 
-def resize_for_qwen(im: Image.Image, *, min_pixels: int = DEFAULT_MIN_PIXELS, max_pixels: int = DEFAULT_MAX_PIXELS,
-                    factor: int = IMAGE_FACTOR) -> Image.Image:  # fmt: skip
+def resize_for_qwen(
+    im: Image.Image,
+    *,
+    min_pixels: int = DEFAULT_MIN_PIXELS,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
+    factor: int = IMAGE_FACTOR,
+) -> Image.Image:
     """Resize to transformers' ``smart_resize`` size (sides multiples of ``factor``, pixels within bounds)."""
     smart_resize = _smart_resize()
     try:
@@ -107,8 +112,10 @@ def _read_bytes(src: Any, base_dir: str | Path | None) -> tuple[bytes, str]:
     if isinstance(src, str) and src.startswith("data:"):
         return _decode_data_uri(src), "<data URI>"
     if isinstance(src, str) and src.startswith(("http://", "https://")):
-        raise DataError(f"image URLs are not fetched (offline): {src[:80]}; download it and give its path",
-                        category="unsupported image")  # fmt: skip
+        raise DataError(
+            f"image URLs are not fetched (offline): {src[:80]}; download it and give its path",
+            category="unsupported image",
+        )
     if isinstance(src, (str, Path)):
         text = str(src)
         if not text.strip():
@@ -123,8 +130,11 @@ def _read_bytes(src: Any, base_dir: str | Path | None) -> tuple[bytes, str]:
         if not data:
             raise DataError(f"empty file (0 bytes): {path}", category="empty file")
         return data, str(path)
-    raise DataError(f"wrong type for an image: {type(src).__name__} (want a path, bytes, data URI, "
-                    "{'bytes','path'} dict or PIL image)", category="wrong type")  # fmt: skip
+    raise DataError(
+        f"wrong type for an image: {type(src).__name__} (want a path, bytes, data URI, "
+        "{'bytes','path'} dict or PIL image)",
+        category="wrong type",
+    )
 
 
 def _decode_data_uri(uri: str) -> bytes:
@@ -144,8 +154,11 @@ def _decode(im: Image.Image, label: str, max_image_pixels: int) -> Image.Image:
     fmt = im.format or "image"
     w, h = im.size
     if w * h > max_image_pixels:
-        raise DataError(f"image too large: {w}x{h} = {w * h} pixels > max_image_pixels {max_image_pixels} "
-                        f"(possible decompression bomb): {label}", category="image too large")  # fmt: skip
+        raise DataError(
+            f"image too large: {w}x{h} = {w * h} pixels > max_image_pixels {max_image_pixels} "
+            f"(possible decompression bomb): {label}",
+            category="image too large",
+        )
     if w == 0 or h == 0:
         raise DataError(f"image has zero size {w}x{h}: {label}", category="bad image size")
     try:

@@ -20,7 +20,13 @@ from typing import Any
 from PIL import Image
 
 from data_pipelines.errors import DataError
-from data_pipelines.images import DEFAULT_MAX_IMAGE_PIXELS, DEFAULT_MAX_PIXELS, DEFAULT_MIN_PIXELS, IMAGE_FACTOR, load_image
+from data_pipelines.images import (
+    DEFAULT_MAX_IMAGE_PIXELS,
+    DEFAULT_MAX_PIXELS,
+    DEFAULT_MIN_PIXELS,
+    IMAGE_FACTOR,
+    load_image,
+)
 from data_pipelines.records import IMAGE_PLACEHOLDER, JudgmentRecord, PreferencePair, PromptRecord
 from data_pipelines.sources import open_rows
 
@@ -89,19 +95,30 @@ def read_records(
     if on_bad_record not in ON_BAD_RECORD:
         raise ValueError(f"on_bad_record must be one of {ON_BAD_RECORD}, got {on_bad_record!r}")
     rows, label, base_dir = open_rows(source, split=split, config_name=config_name)
-    image_kwargs = dict(min_pixels=min_pixels, max_pixels=max_pixels, max_image_pixels=max_image_pixels,
-                        base_dir=image_root if image_root is not None else base_dir, factor=image_factor)  # fmt: skip
+    image_kwargs = dict(
+        min_pixels=min_pixels,
+        max_pixels=max_pixels,
+        max_image_pixels=max_image_pixels,
+        base_dir=image_root if image_root is not None else base_dir,
+        factor=image_factor,
+    )
     stem = Path(str(source)).stem or "record"
 
     def make(row: dict[str, Any], row_no: int, index: int) -> Record:
-        return record_from_row(row, kind, column_map=column_map, default_id=f"{stem}-{row_no}",
-                               image_kwargs=image_kwargs if load_images else None)  # fmt: skip
+        return record_from_row(
+            row,
+            kind,
+            column_map=column_map,
+            default_id=f"{stem}-{row_no}",
+            image_kwargs=image_kwargs if load_images else None,
+        )
 
     return collect(rows, label, make, on_bad_record=on_bad_record, limit=limit)
 
 
-def collect(rows: Any, label: str, make: Any, *, on_bad_record: str = "error",
-            limit: int | None = None) -> tuple[list[Any], SkipReport]:  # fmt: skip
+def collect(
+    rows: Any, label: str, make: Any, *, on_bad_record: str = "error", limit: int | None = None
+) -> tuple[list[Any], SkipReport]:
     """One pass over ``(row_no, dict | DataError)`` rows: ``make(row, row_no, index)`` each into a record.
 
     A ``DataError`` (yielded or raised by ``make``) gets the row's location, then is raised or counted.
@@ -139,8 +156,14 @@ def required_text(value: Any, name: str) -> str:
     return value
 
 
-def record_from_row(row: dict[str, Any], kind: str = "prompt", *, column_map: dict[str, str] | None = None,
-                    default_id: str = "record", image_kwargs: dict[str, Any] | None = None) -> Record:  # fmt: skip
+def record_from_row(
+    row: dict[str, Any],
+    kind: str = "prompt",
+    *,
+    column_map: dict[str, str] | None = None,
+    default_id: str = "record",
+    image_kwargs: dict[str, Any] | None = None,
+) -> Record:
     """One record from one row's dict, checked; loads its images when ``image_kwargs`` is given."""
     cls = RECORD_TYPES[kind]
     known = set(cls.__dataclass_fields__)
@@ -182,13 +205,18 @@ def record_from_row(row: dict[str, Any], kind: str = "prompt", *, column_map: di
         except json.JSONDecodeError:
             pass
     if metadata is not None and not isinstance(metadata, dict):
-        raise DataError(f"wrong type: want an object, got {type(metadata).__name__}", category="wrong type", field="metadata")
+        raise DataError(
+            f"wrong type: want an object, got {type(metadata).__name__}", category="wrong type", field="metadata"
+        )
     fields["metadata"] = {**{k: v for k, v in values.items() if k not in known and v is not None}, **(metadata or {})}
 
     n_slots = fields["prompt"].count(IMAGE_PLACEHOLDER)
     if n_slots and n_slots != len(fields["images"]):
-        raise DataError(f"prompt has {n_slots} {IMAGE_PLACEHOLDER} placeholders but the record has "
-                        f"{len(fields['images'])} images", category="placeholder mismatch", field="prompt")  # fmt: skip
+        raise DataError(
+            f"prompt has {n_slots} {IMAGE_PLACEHOLDER} placeholders but the record has {len(fields['images'])} images",
+            category="placeholder mismatch",
+            field="prompt",
+        )
     if image_kwargs is not None:
         loaded = []
         for i, img in enumerate(fields["images"]):
@@ -242,11 +270,15 @@ def _image_list(value: Any) -> list[Any]:
         try:
             value = json.loads(value)
         except json.JSONDecodeError as exc:
-            raise DataError(f"images cell is not a JSON list ({exc.msg})", category="wrong type", field="images") from None
+            raise DataError(
+                f"images cell is not a JSON list ({exc.msg})", category="wrong type", field="images"
+            ) from None
     items = list(value) if isinstance(value, (list, tuple)) else [value]
     for i, item in enumerate(items):
         if not isinstance(item, _IMAGE_TYPES):
-            raise DataError(f"wrong type for an image: {type(item).__name__}", category="wrong type", field=f"images[{i}]")
+            raise DataError(
+                f"wrong type for an image: {type(item).__name__}", category="wrong type", field=f"images[{i}]"
+            )
     return items
 
 
@@ -283,15 +315,18 @@ def _content_text(content: Any, name: str, inline: list[Any]) -> str:
     raise DataError(f"wrong type for content: {type(content).__name__}", category="wrong type", field=name)
 
 
-def prompt_length(record: Record, processor_or_tokenizer: Any, *, system_prompt: str | None = None,
-                  prompt_template: str | None = None) -> int:  # fmt: skip
+def prompt_length(
+    record: Record, processor_or_tokenizer: Any, *, system_prompt: str | None = None, prompt_template: str | None = None
+) -> int:
     """Tokens of the record's chat-formatted prompt (generation prompt and image tokens included)."""
     from data_pipelines.formatting import build_messages
 
     proc = processor_or_tokenizer
     messages = build_messages(record, system_prompt=system_prompt, prompt_template=prompt_template)
     text = proc.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    images = [c["image"] for m in messages if isinstance(m["content"], list) for c in m["content"] if c["type"] == "image"]
+    images = [
+        c["image"] for m in messages if isinstance(m["content"], list) for c in m["content"] if c["type"] == "image"
+    ]
     if images:
         if getattr(proc, "image_processor", None) is None:
             raise ValueError("records with images need the model's processor (not its tokenizer) to count image tokens")
@@ -300,9 +335,16 @@ def prompt_length(record: Record, processor_or_tokenizer: Any, *, system_prompt:
     return len(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
-def filter_by_prompt_length(records: list[Record], processor_or_tokenizer: Any, max_prompt_length: int,
-                            on_bad_record: str = "error", report: SkipReport | None = None, *,
-                            system_prompt: str | None = None, prompt_template: str | None = None) -> list[Record]:  # fmt: skip
+def filter_by_prompt_length(
+    records: list[Record],
+    processor_or_tokenizer: Any,
+    max_prompt_length: int,
+    on_bad_record: str = "error",
+    report: SkipReport | None = None,
+    *,
+    system_prompt: str | None = None,
+    prompt_template: str | None = None,
+) -> list[Record]:
     """Records whose prompt fits in ``max_prompt_length`` tokens; longer ones raise or are counted as skips.
 
     Prompts are never truncated (a cut could fall inside a run of image tokens).
@@ -316,8 +358,12 @@ def filter_by_prompt_length(records: list[Record], processor_or_tokenizer: Any, 
         if n <= max_prompt_length:
             kept.append(rec)
             continue
-        err = DataError(f"prompt has {n} tokens (image tokens included) > max_prompt_length {max_prompt_length}",
-                        category="prompt too long", source=f"record {rec.id!r}", field="prompt")  # fmt: skip
+        err = DataError(
+            f"prompt has {n} tokens (image tokens included) > max_prompt_length {max_prompt_length}",
+            category="prompt too long",
+            source=f"record {rec.id!r}",
+            field="prompt",
+        )
         if on_bad_record == "error":
             raise err
         report.add(err)

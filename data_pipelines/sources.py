@@ -22,7 +22,9 @@ FILE_FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".parque
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
 
-def open_rows(source: str | Path, *, split: str | None = None, config_name: str | None = None) -> tuple[Rows, str, Path | None]:
+def open_rows(
+    source: str | Path, *, split: str | None = None, config_name: str | None = None
+) -> tuple[Rows, str, Path | None]:
     """Rows of ``source``, its label for messages and the folder relative image paths start from."""
     path = Path(source).expanduser()
     if path.is_file():
@@ -32,8 +34,11 @@ def open_rows(source: str | Path, *, split: str | None = None, config_name: str 
             return _saved_dataset_rows(path, split), str(path), path
         files = data_files(path, split)
         if not files:
-            raise DataError(f"no data files ({', '.join(FILE_FORMATS)}) for split {split!r} in folder",
-                            category="missing file", source=path)  # fmt: skip
+            raise DataError(
+                f"no data files ({', '.join(FILE_FORMATS)}) for split {split!r} in folder",
+                category="missing file",
+                source=path,
+            )
         return _chain(path, files), str(path), path
     if isinstance(source, str) and _HUB_ID.match(source) and Path(source).suffix.lower() not in FILE_FORMATS:
         return _hub_rows(source, split, config_name), f"hub:{source}", None
@@ -44,8 +49,11 @@ def open_rows(source: str | Path, *, split: str | None = None, config_name: str 
 def file_rows(path: Path) -> Rows:
     fmt = FILE_FORMATS.get(path.suffix.lower())
     if fmt is None:
-        raise DataError(f"unknown data format {path.suffix!r} (known: {', '.join(FILE_FORMATS)})",
-                        category="unknown format", source=path)  # fmt: skip
+        raise DataError(
+            f"unknown data format {path.suffix!r} (known: {', '.join(FILE_FORMATS)})",
+            category="unknown format",
+            source=path,
+        )
     if fmt == "parquet":
         return _parquet_rows(path)
     if fmt == "jsonl":
@@ -58,8 +66,13 @@ def file_rows(path: Path) -> Rows:
 def data_files(folder: Path, split: str | None) -> list[Path]:
     """Data files under ``folder`` (hub layouts such as ``data/test-00000-of-00001.parquet``) for ``split``."""
     pattern = re.compile(rf"^{re.escape(split)}([-_.]|$)") if split else None
-    found = [p for p in sorted(folder.rglob("*")) if p.is_file() and p.suffix.lower() in FILE_FORMATS
-             and not any(part.startswith(".") for part in p.relative_to(folder).parts)]  # fmt: skip
+    found = [
+        p
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+        and p.suffix.lower() in FILE_FORMATS
+        and not any(part.startswith(".") for part in p.relative_to(folder).parts)
+    ]
     return [p for p in found if pattern is None or pattern.match(p.name)]
 
 
@@ -75,8 +88,12 @@ def _decode_utf8(data: bytes, path: Path) -> str:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         line = data.count(b"\n", 0, exc.start) + 1
-        raise DataError(f"not valid UTF-8 (byte {data[exc.start:exc.start + 1]!r} at offset {exc.start})",
-                        category="non-UTF-8", source=path, row=line) from exc  # fmt: skip
+        raise DataError(
+            f"not valid UTF-8 (byte {data[exc.start : exc.start + 1]!r} at offset {exc.start})",
+            category="non-UTF-8",
+            source=path,
+            row=line,
+        ) from exc
 
 
 def _jsonl_file_rows(path: Path) -> Rows:
@@ -94,8 +111,13 @@ def _jsonl_rows(lines: Any) -> Rows:
         try:
             text = line.decode("utf-8")
         except UnicodeDecodeError as exc:
-            yield number, DataError(f"not valid UTF-8 (byte {line[exc.start:exc.start + 1]!r} at column {exc.start + 1})",
-                                    category="non-UTF-8")  # fmt: skip
+            yield (
+                number,
+                DataError(
+                    f"not valid UTF-8 (byte {line[exc.start : exc.start + 1]!r} at column {exc.start + 1})",
+                    category="non-UTF-8",
+                ),
+            )
             continue
         yield number, _parse_object(text)
 
@@ -119,18 +141,24 @@ def _json_rows(text: str, data: bytes, path: Path) -> Rows:
         if exc.msg == "Extra data":  # JSON Lines under a .json name
             yield from _jsonl_rows(data.split(b"\n"))
             return
-        raise DataError(f"invalid JSON ({exc.msg} at column {exc.colno})", category="invalid JSON",
-                        source=path, row=exc.lineno) from exc  # fmt: skip
+        raise DataError(
+            f"invalid JSON ({exc.msg} at column {exc.colno})", category="invalid JSON", source=path, row=exc.lineno
+        ) from exc
     except RecursionError as exc:
         raise DataError("invalid JSON (nested too deeply)", category="invalid JSON", source=path) from exc
     if isinstance(obj, dict):  # {"data": [...]} and the like: the one list of records inside
         lists = [v for v in obj.values() if isinstance(v, list)]
         if len(lists) != 1:
-            raise DataError("expected a JSON array of objects (or an object holding exactly one array)",
-                            category="wrong type", source=path)  # fmt: skip
+            raise DataError(
+                "expected a JSON array of objects (or an object holding exactly one array)",
+                category="wrong type",
+                source=path,
+            )
         obj = lists[0]
     if not isinstance(obj, list):
-        raise DataError(f"expected a JSON array of objects, got {type(obj).__name__}", category="wrong type", source=path)
+        raise DataError(
+            f"expected a JSON array of objects, got {type(obj).__name__}", category="wrong type", source=path
+        )
     for index, item in enumerate(obj):
         if isinstance(item, dict):
             yield index, item
@@ -145,8 +173,12 @@ def _csv_rows(text: str, path: Path) -> Rows:
     try:
         for row in reader:
             if None in row:
-                yield reader.line_num, DataError(f"row has {len(header) + len(row[None])} cells, header has {len(header)}",
-                                                 category="wrong type")  # fmt: skip
+                yield (
+                    reader.line_num,
+                    DataError(
+                        f"row has {len(header) + len(row[None])} cells, header has {len(header)}", category="wrong type"
+                    ),
+                )
                 continue
             yield reader.line_num, {k: (None if v in ("", None) else v) for k, v in row.items()}
     except csv.Error as exc:
@@ -179,8 +211,11 @@ def _pick_split(ds: Any, split: str | None, label: Any) -> Any:
     if split is None and len(ds) == 1:
         split = next(iter(ds))
     if split not in ds:
-        raise DataError(f"split {split!r} not found; the dataset has {sorted(ds)} (pass split=...)",
-                        category="missing split", source=label)  # fmt: skip
+        raise DataError(
+            f"split {split!r} not found; the dataset has {sorted(ds)} (pass split=...)",
+            category="missing split",
+            source=label,
+        )
     return ds[split]
 
 
@@ -212,7 +247,9 @@ def hub_reachable(timeout: float = 5.0) -> bool:
 
     url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
     try:
-        socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout=timeout).close()
+        socket.create_connection(
+            (url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout=timeout
+        ).close()
     except OSError:
         return False
     return True
@@ -221,23 +258,30 @@ def hub_reachable(timeout: float = 5.0) -> bool:
 def _hub_offline() -> bool:
     import os
 
-    return any(os.environ.get(k, "").upper() in ("1", "ON", "YES", "TRUE") for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
+    return any(
+        os.environ.get(k, "").upper() in ("1", "ON", "YES", "TRUE") for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+    )
 
 
 def _hub_rows(repo_id: str, split: str | None, config_name: str | None) -> Rows:
     import datasets
 
     if not _hub_offline() and not hub_reachable():  # fail at once instead of minutes of retries
-        raise DataError(f"no such local path, and the hub is unreachable to load {repo_id!r} as a hub dataset; "
-                        "pass a local path, or set HF_HUB_OFFLINE=1 to use a cached copy",
-                        category="missing source", source=f"hub:{repo_id}")  # fmt: skip
+        raise DataError(
+            f"no such local path, and the hub is unreachable to load {repo_id!r} as a hub dataset; "
+            "pass a local path, or set HF_HUB_OFFLINE=1 to use a cached copy",
+            category="missing source",
+            source=f"hub:{repo_id}",
+        )
     try:
         ds = datasets.load_dataset(repo_id, config_name, split=split)
     except Exception as exc:  # noqa: BLE001 - offline, not cached, no such repo or split
         raise DataError(
-            f"no local path {repo_id!r}, and cannot load hub dataset {repo_id!r} (config {config_name!r}, split {split!r}): "
+            f"no local path {repo_id!r}, and cannot load hub dataset {repo_id!r} "
+            f"(config {config_name!r}, split {split!r}): "
             f"{type(exc).__name__}: {str(exc)[:300]}. Offline (HF_HUB_OFFLINE=1) only cached datasets load: "
             "download it where the network is and pass the local path",
-            category="missing source", source=f"hub:{repo_id}",
+            category="missing source",
+            source=f"hub:{repo_id}",
         ) from exc
     yield from _dataset_rows(_pick_split(ds, split, f"hub:{repo_id}"))

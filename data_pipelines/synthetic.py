@@ -30,26 +30,42 @@ from data_pipelines.records import JudgmentRecord, PreferencePair, PromptRecord
 from data_pipelines.writers import write_records
 
 COLORS: dict[str, tuple[int, int, int]] = {
-    "red": (220, 30, 30), "green": (30, 160, 50), "blue": (30, 70, 220), "yellow": (240, 210, 30),
-    "purple": (130, 40, 170), "orange": (245, 130, 20), "black": (15, 15, 15), "white": (245, 245, 245),
-    "brown": (140, 85, 35), "pink": (245, 150, 190),  # only through `colors=` (num_colors takes the first 8)
-}  # fmt: skip
+    "red": (220, 30, 30),
+    "green": (30, 160, 50),
+    "blue": (30, 70, 220),
+    "yellow": (240, 210, 30),
+    "purple": (130, 40, 170),
+    "orange": (245, 130, 20),
+    "black": (15, 15, 15),
+    "white": (245, 245, 245),
+    "brown": (140, 85, 35),
+    "pink": (245, 150, 190),  # only through `colors=` (num_colors takes the first 8)
+}
 SHAPES = ("circle", "square", "triangle", "star", "hexagon", "cross", "diamond", "pentagon")
 PLURALS = {"cross": "crosses"}
 BACKGROUND = (128, 128, 128)  # object mode: a grey no colour name is close to
 DRAW_COLORS = ("red", "green", "blue", "yellow", "purple", "orange", "black")  # on white backgrounds
 
 # Judge prompts (generative reward models). The target is the answer tag alone.
-JUDGE_POINTWISE = ("<image>Question: {question}\nCandidate answer: {candidate}\n"
-                   "Is the candidate answer correct? Answer with <answer>yes</answer> or <answer>no</answer>.")  # fmt: skip
-JUDGE_PAIRWISE = ("<image>Question: {question}\nAnswer A: {a}\nAnswer B: {b}\n"
-                  "Which answer is correct? Answer with <answer>A</answer> or <answer>B</answer>.")  # fmt: skip
+JUDGE_POINTWISE = (
+    "<image>Question: {question}\nCandidate answer: {candidate}\n"
+    "Is the candidate answer correct? Answer with <answer>yes</answer> or <answer>no</answer>."
+)
+JUDGE_PAIRWISE = (
+    "<image>Question: {question}\nAnswer A: {a}\nAnswer B: {b}\n"
+    "Which answer is correct? Answer with <answer>A</answer> or <answer>B</answer>."
+)
 
 
 def _polygon(shape: str, cx: float, cy: float, r: float, rotation: float = 0.0) -> list[tuple[float, float]]:
     def ring(k: int, radius: float, start: float) -> list[tuple[float, float]]:
-        return [(cx + radius * math.cos(start + rotation + 2 * math.pi * j / k),
-                 cy + radius * math.sin(start + rotation + 2 * math.pi * j / k)) for j in range(k)]  # fmt: skip
+        return [
+            (
+                cx + radius * math.cos(start + rotation + 2 * math.pi * j / k),
+                cy + radius * math.sin(start + rotation + 2 * math.pi * j / k),
+            )
+            for j in range(k)
+        ]
 
     up = -math.pi / 2
     if shape == "square":
@@ -67,15 +83,34 @@ def _polygon(shape: str, cx: float, cy: float, r: float, rotation: float = 0.0) 
         pts = [(0, -r), (0.6 * r, 0), (0, r), (-0.6 * r, 0)]
     elif shape == "cross":
         a, b = r, 0.33 * r
-        pts = [(-b, -a), (b, -a), (b, -b), (a, -b), (a, b), (b, b), (b, a), (-b, a), (-b, b), (-a, b), (-a, -b), (-b, -b)]
+        pts = [
+            (-b, -a),
+            (b, -a),
+            (b, -b),
+            (a, -b),
+            (a, b),
+            (b, b),
+            (b, a),
+            (-b, a),
+            (-b, b),
+            (-a, b),
+            (-a, -b),
+            (-b, -b),
+        ]
     else:
         raise ValueError(f"unknown shape {shape!r}")
     c, s = math.cos(rotation), math.sin(rotation)
     return [(cx + x * c - y * s, cy + x * s + y * c) for x, y in pts]
 
 
-def draw_shape(draw: ImageDraw.ImageDraw, shape: str, center: tuple[float, float], radius: float,
-               fill: tuple[int, int, int], rotation: float = 0.0) -> None:  # fmt: skip
+def draw_shape(
+    draw: ImageDraw.ImageDraw,
+    shape: str,
+    center: tuple[float, float],
+    radius: float,
+    fill: tuple[int, int, int],
+    rotation: float = 0.0,
+) -> None:
     """Draw one filled shape of ``SHAPES`` centred at ``center`` within ``radius``."""
     cx, cy = center
     if shape == "circle":
@@ -103,8 +138,17 @@ def _check_range(name: str, value: int, lo: int, hi: int) -> None:
         raise ValueError(f"{name} must be in {lo}..{hi}, got {value}")
 
 
-def _color(n: int, rng: random.Random, *, num_colors: int = 4, colors: list[str] | None = None, image_size: int = 56,
-           mode: str = "solid", noise: int = 0, question: str | None = None) -> list[tuple]:  # fmt: skip
+def _color(
+    n: int,
+    rng: random.Random,
+    *,
+    num_colors: int = 4,
+    colors: list[str] | None = None,
+    image_size: int = 56,
+    mode: str = "solid",
+    noise: int = 0,
+    question: str | None = None,
+) -> list[tuple]:
     if mode not in ("solid", "object"):
         raise ValueError(f"mode must be 'solid' or 'object', got {mode!r}")
     if colors is None:
@@ -115,8 +159,11 @@ def _color(n: int, rng: random.Random, *, num_colors: int = 4, colors: list[str]
         unknown = [c for c in vocab if c not in COLORS]
         if unknown or len(set(vocab)) != len(vocab) or len(vocab) < 2:
             raise ValueError(f"colors must be 2+ distinct names from {list(COLORS)}, got {colors!r}")
-    question = question or ("What colour is this image? Answer with one word." if mode == "solid"
-                            else "What colour is the shape? Answer with one word.")  # fmt: skip
+    question = question or (
+        "What colour is this image? Answer with one word."
+        if mode == "solid"
+        else "What colour is the shape? Answer with one word."
+    )
     out = []
     for name in _balanced(vocab, n, rng):
         if mode == "solid":
@@ -126,12 +173,22 @@ def _color(n: int, rng: random.Random, *, num_colors: int = 4, colors: list[str]
             r = image_size * rng.uniform(0.22, 0.38)
             c = [rng.uniform(r, image_size - r) for _ in range(2)]
             draw_shape(ImageDraw.Draw(im), rng.choice(SHAPES[:4]), c, r, COLORS[name], rng.uniform(0, 2 * math.pi))
-        out.append((_noise(im, noise, rng), question, name, {"vocabulary": vocab, "rgb": list(COLORS[name]), "mode": mode}))
+        out.append(
+            (_noise(im, noise, rng), question, name, {"vocabulary": vocab, "rgb": list(COLORS[name]), "mode": mode})
+        )
     return out
 
 
-def _shape(n: int, rng: random.Random, *, num_shapes: int = 4, image_size: int = 84, rotate: bool = False,
-           noise: int = 0, question: str | None = None) -> list[tuple]:  # fmt: skip
+def _shape(
+    n: int,
+    rng: random.Random,
+    *,
+    num_shapes: int = 4,
+    image_size: int = 84,
+    rotate: bool = False,
+    noise: int = 0,
+    question: str | None = None,
+) -> list[tuple]:
     _check_range("num_shapes", num_shapes, 2, len(SHAPES))
     vocab = list(SHAPES[:num_shapes])
     question = question or "What shape is in the image? Answer with one word."
@@ -146,16 +203,27 @@ def _shape(n: int, rng: random.Random, *, num_shapes: int = 4, image_size: int =
     return out
 
 
-def _count_shapes(n: int, rng: random.Random, *, shape: str = "circle", min_count: int = 1, max_count: int = 5,
-                  distractors: int = 0, image_size: int = 112, noise: int = 0) -> list[tuple]:  # fmt: skip
+def _count_shapes(
+    n: int,
+    rng: random.Random,
+    *,
+    shape: str = "circle",
+    min_count: int = 1,
+    max_count: int = 5,
+    distractors: int = 0,
+    image_size: int = 112,
+    noise: int = 0,
+) -> list[tuple]:
     if shape != "random" and shape not in SHAPES:
         raise ValueError(f"shape must be one of {SHAPES} or 'random', got {shape!r}")
     _check_range("min_count", min_count, 0, max_count)
     cell = max(12, image_size // 5)
     grid = [(x, y) for y in range(image_size // cell) for x in range(image_size // cell)]
     if max_count + distractors > len(grid):
-        raise ValueError(f"{max_count} shapes + {distractors} distractors do not fit a {image_size}px image "
-                         f"({len(grid)} places); make the image larger")  # fmt: skip
+        raise ValueError(
+            f"{max_count} shapes + {distractors} distractors do not fit a {image_size}px image "
+            f"({len(grid)} places); make the image larger"
+        )
     vocab = [str(k) for k in range(min_count, max_count + 1)]
     out = []
     for count in _balanced(vocab, n, rng):
@@ -172,13 +240,27 @@ def _count_shapes(n: int, rng: random.Random, *, shape: str = "circle", min_coun
             draw_shape(draw, kind, (cx, cy), r, COLORS[rng.choice(DRAW_COLORS)])
         plural = PLURALS.get(target, target + "s")
         question = f"How many {plural} are in the image? Answer with a number."
-        out.append((_noise(im, noise, rng), question, count,
-                    {"vocabulary": vocab, "counted_shape": target, "distractors": distractors}))  # fmt: skip
+        out.append(
+            (
+                _noise(im, noise, rng),
+                question,
+                count,
+                {"vocabulary": vocab, "counted_shape": target, "distractors": distractors},
+            )
+        )
     return out
 
 
-def _triangle_angle(n: int, rng: random.Random, *, angle_step: int = 10, min_angle: int = 20, image_size: int = 224,
-                    side_labels: bool = False, noise: int = 0) -> list[tuple]:  # fmt: skip
+def _triangle_angle(
+    n: int,
+    rng: random.Random,
+    *,
+    angle_step: int = 10,
+    min_angle: int = 20,
+    image_size: int = 224,
+    side_labels: bool = False,
+    noise: int = 0,
+) -> list[tuple]:
     _check_range("angle_step", angle_step, 1, 60)
     if 3 * min_angle > 180 - 2 * angle_step:
         raise ValueError(f"min_angle {min_angle} leaves no triangles with angle_step {angle_step}")
@@ -186,7 +268,10 @@ def _triangle_angle(n: int, rng: random.Random, *, angle_step: int = 10, min_ang
     triples = [(a, b, 180 - a - b) for a in values for b in values if 180 - a - b in values]
     vocab = sorted({str(t[2]) for t in triples}, key=int)
     font = ImageFont.load_default(size=max(10, image_size // 14))
-    question = "Two angles of the triangle are labelled in degrees. What is the angle marked '?', in degrees? Answer with a number."
+    question = (
+        "Two angles of the triangle are labelled in degrees. What is the angle marked '?', in degrees? "
+        "Answer with a number."
+    )
     out = []
     for _ in range(n):
         angles = list(rng.choice(triples))
@@ -204,10 +289,21 @@ def _triangle_angle(n: int, rng: random.Random, *, angle_step: int = 10, min_ang
             for k in range(3):
                 (ax, ay), (bx, by) = verts[k], verts[(k + 1) % 3]
                 mx, my = (ax + bx) / 2, (ay + by) / 2
-                draw.text((mx + 0.15 * (mx - gx), my + 0.15 * (my - gy)), str(rng.randint(2, 15)),
-                          fill=(40, 40, 200), font=font, anchor="mm")  # fmt: skip
-        out.append((_noise(im, noise, rng), question, str(angles[unknown]),
-                    {"vocabulary": vocab, "angles": angles, "unknown_vertex": unknown}))  # fmt: skip
+                draw.text(
+                    (mx + 0.15 * (mx - gx), my + 0.15 * (my - gy)),
+                    str(rng.randint(2, 15)),
+                    fill=(40, 40, 200),
+                    font=font,
+                    anchor="mm",
+                )
+        out.append(
+            (
+                _noise(im, noise, rng),
+                question,
+                str(angles[unknown]),
+                {"vocabulary": vocab, "angles": angles, "unknown_vertex": unknown},
+            )
+        )
     return out
 
 
@@ -242,17 +338,26 @@ def make_prompt_records(task: str, n: int, seed: int = 0, **options: Any) -> lis
         raise ValueError(f"n must be >= 0, got {n}")
     rng = random.Random(f"vlrft-synthetic/{task}/{seed}")
     samples = TASKS[task](n, rng, **options)
-    return [PromptRecord(id=f"{task}-{seed}-{i}", prompt=question, images=[im], answer=answer, task=task,
-                         metadata={"ground_truth": answer, **meta, "seed": seed, "index": i})
-            for i, (im, question, answer, meta) in enumerate(samples)]  # fmt: skip
+    return [
+        PromptRecord(
+            id=f"{task}-{seed}-{i}",
+            prompt=question,
+            images=[im],
+            answer=answer,
+            task=task,
+            metadata={"ground_truth": answer, **meta, "seed": seed, "index": i},
+        )
+        for i, (im, question, answer, meta) in enumerate(samples)
+    ]
 
 
 def _wrong(rec: PromptRecord, rng: random.Random) -> str:
     return rng.choice([v for v in rec.metadata["vocabulary"] if v != rec.answer])
 
 
-def make_preference_pairs(task: str, n: int, seed: int = 0, *, response_template: str = "{answer}",
-                          **options: Any) -> list[PreferencePair]:  # fmt: skip
+def make_preference_pairs(
+    task: str, n: int, seed: int = 0, *, response_template: str = "{answer}", **options: Any
+) -> list[PreferencePair]:
     """``n`` pairs: the right answer (chosen) against a wrong one from the task's vocabulary (rejected).
 
     ``response_template`` formats both responses (e.g. ``"<answer>{answer}</answer>"``).
@@ -261,15 +366,23 @@ def make_preference_pairs(task: str, n: int, seed: int = 0, *, response_template
     pairs = []
     for rec in make_prompt_records(task, n, seed, **options):
         wrong = _wrong(rec, rng)
-        pairs.append(PreferencePair(id=rec.id, prompt=rec.prompt, images=rec.images, task=task,
-                                    chosen=response_template.format(answer=rec.answer),
-                                    rejected=response_template.format(answer=wrong),
-                                    metadata={**rec.metadata, "wrong_answer": wrong}))  # fmt: skip
+        pairs.append(
+            PreferencePair(
+                id=rec.id,
+                prompt=rec.prompt,
+                images=rec.images,
+                task=task,
+                chosen=response_template.format(answer=rec.answer),
+                rejected=response_template.format(answer=wrong),
+                metadata={**rec.metadata, "wrong_answer": wrong},
+            )
+        )
     return pairs
 
 
-def make_judgment_records(task: str, n: int, seed: int = 0, *, mode: str = "pointwise",
-                          **options: Any) -> list[JudgmentRecord]:  # fmt: skip
+def make_judgment_records(
+    task: str, n: int, seed: int = 0, *, mode: str = "pointwise", **options: Any
+) -> list[JudgmentRecord]:
     """``n`` judge records: the image, the question and candidate answer(s); the target is the verdict.
 
     ``mode="pointwise"``: prompt ``JUDGE_POINTWISE``, target ``<answer>yes</answer>`` when the candidate
@@ -293,8 +406,16 @@ def make_judgment_records(task: str, n: int, seed: int = 0, *, mode: str = "poin
             a, b = (rec.answer, wrong) if flag else (wrong, rec.answer)
             prompt, target = JUDGE_PAIRWISE.format(question=rec.prompt, a=a, b=b), "A" if flag else "B"
             meta = {"answer_a": a, "answer_b": b}
-        out.append(JudgmentRecord(id=rec.id, prompt=prompt, target=f"<answer>{target}</answer>", images=rec.images,
-                                  task=task, metadata={**rec.metadata, **meta, "judge_mode": mode, "verdict": target}))  # fmt: skip
+        out.append(
+            JudgmentRecord(
+                id=rec.id,
+                prompt=prompt,
+                target=f"<answer>{target}</answer>",
+                images=rec.images,
+                task=task,
+                metadata={**rec.metadata, **meta, "judge_mode": mode, "verdict": target},
+            )
+        )
     return out
 
 

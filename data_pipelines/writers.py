@@ -20,8 +20,13 @@ from PIL import Image
 from data_pipelines.images import _read_bytes
 
 
-def write_records(records: list[Any], out_jsonl: str | Path, *, image_dir: str | Path | None = None,
-                  base_dir: str | Path | None = None) -> Path:  # fmt: skip
+def write_records(
+    records: list[Any],
+    out_jsonl: str | Path,
+    *,
+    image_dir: str | Path | None = None,
+    base_dir: str | Path | None = None,
+) -> Path:
     """Write ``records`` (any of the three kinds) to ``out_jsonl``; returns its path.
 
     ``base_dir`` is where relative image paths in the records start (default: the working folder).
@@ -33,8 +38,10 @@ def write_records(records: list[Any], out_jsonl: str | Path, *, image_dir: str |
     with open(tmp, "w", encoding="utf-8") as f:
         for n, rec in enumerate(records):
             row = dataclasses.asdict(rec) if dataclasses.is_dataclass(rec) else dict(rec)
-            row["images"] = [_image_ref(img, out.parent, image_dir, base_dir, f"{n:06d}_{_safe(row['id'])}_{i}")
-                             for i, img in enumerate(row.get("images") or [])]  # fmt: skip
+            row["images"] = [
+                _image_ref(img, out.parent, image_dir, base_dir, f"{n:06d}_{_safe(row['id'])}_{i}")
+                for i, img in enumerate(row.get("images") or [])
+            ]
             f.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
     os.replace(tmp, out)  # a reader never sees a half-written file
     return out

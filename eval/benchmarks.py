@@ -84,8 +84,10 @@ def as_multiple_choice(record: PromptRecord) -> PromptRecord:
     lines, the reference answer the right letter. Needs ``metadata['choices']`` (the InterGPS layout)."""
     choices = record.metadata.get("choices")
     if not choices:
-        raise ValueError(f"record {record.id!r} has no metadata['choices']: the multiple-choice mode needs the "
-                         "InterGPS layout of Geometry3K (or records with choices)")  # fmt: skip
+        raise ValueError(
+            f"record {record.id!r} has no metadata['choices']: the multiple-choice mode needs the "
+            "InterGPS layout of Geometry3K (or records with choices)"
+        )
     letter = record.metadata.get("answer_letter")
     if letter is None:
         letter = "ABCDEFGHIJ"[[c.strip() for c in choices].index(record.answer.strip())]
@@ -98,29 +100,58 @@ def load_geo3k_mc(data: str | Path, split: str = "test") -> list[PromptRecord]:
     return [as_multiple_choice(r) for r in load_geo3k(data, split)]
 
 
-GSM8K_SOURCE = ("Cobbe et al. 2021, Training Verifiers to Solve Math Word Problems, arXiv 2110.14168 "
-                "(github.com/openai/grade-school-math); extraction as lm-evaluation-harness's gsm8k "
-                "strict-match / flexible-extract; instruction as verl's GSM8K example")  # fmt: skip
-GEO3K_SOURCE = ("Lu et al. 2021, Inter-GPS, ACL 2021, arXiv 2105.04165 (Geometry3K); free-form protocol "
-                "of the hub copy hiyouga/geometry3k and EasyR1's math prompt; equivalence by math-verify")  # fmt: skip
+GSM8K_SOURCE = (
+    "Cobbe et al. 2021, Training Verifiers to Solve Math Word Problems, arXiv 2110.14168 "
+    "(github.com/openai/grade-school-math); extraction as lm-evaluation-harness's gsm8k "
+    "strict-match / flexible-extract; instruction as verl's GSM8K example"
+)
+GEO3K_SOURCE = (
+    "Lu et al. 2021, Inter-GPS, ACL 2021, arXiv 2105.04165 (Geometry3K); free-form protocol "
+    "of the hub copy hiyouga/geometry3k and EasyR1's math prompt; equivalence by math-verify"
+)
 
 BENCHMARKS: dict[str, Benchmark] = {
     b.name: b
     for b in (
-        Benchmark("gsm8k", "gsm8k", "gsm8k", load_gsm8k, GSM8K_SOURCE,
-                  "grade-school maths; the number after the last ####, else the last \\boxed{}"),
-        Benchmark("gsm8k_flexible", "gsm8k_flexible", "gsm8k", load_gsm8k, GSM8K_SOURCE,
-                  "as gsm8k, falling back to the last number in the response"),
-        Benchmark("geo3k", "math_boxed", "math_boxed", load_geo3k, GEO3K_SOURCE,
-                  "geometry diagrams; the last \\boxed{} checked against the right choice's text"),
-        Benchmark("geo3k_mc", "multiple_choice", "math_boxed", load_geo3k_mc, GEO3K_SOURCE,
-                  "geometry diagrams with the four choices shown; the boxed letter scored"),
-    )  # fmt: skip
+        Benchmark(
+            "gsm8k",
+            "gsm8k",
+            "gsm8k",
+            load_gsm8k,
+            GSM8K_SOURCE,
+            "grade-school maths; the number after the last ####, else the last \\boxed{}",
+        ),
+        Benchmark(
+            "gsm8k_flexible",
+            "gsm8k_flexible",
+            "gsm8k",
+            load_gsm8k,
+            GSM8K_SOURCE,
+            "as gsm8k, falling back to the last number in the response",
+        ),
+        Benchmark(
+            "geo3k",
+            "math_boxed",
+            "math_boxed",
+            load_geo3k,
+            GEO3K_SOURCE,
+            "geometry diagrams; the last \\boxed{} checked against the right choice's text",
+        ),
+        Benchmark(
+            "geo3k_mc",
+            "multiple_choice",
+            "math_boxed",
+            load_geo3k_mc,
+            GEO3K_SOURCE,
+            "geometry diagrams with the four choices shown; the boxed letter scored",
+        ),
+    )
 }
 
 
-def user_benchmark(name: str, verifier: str, prompt_template: str | None = "plain", *, split: str = "test",
-                   description: str = "") -> Benchmark:  # fmt: skip
+def user_benchmark(
+    name: str, verifier: str, prompt_template: str | None = "plain", *, split: str = "test", description: str = ""
+) -> Benchmark:
     """A benchmark over prompt records (any source ``read_records`` reads) scored by ``verifier``."""
     from reward_models.verifiers import VERIFIERS
 
@@ -129,7 +160,9 @@ def user_benchmark(name: str, verifier: str, prompt_template: str | None = "plai
     return Benchmark(name, verifier, prompt_template, read_prompt_records, "user prompt records", description, split)
 
 
-def get_benchmark(name: str | Benchmark, *, verifier: str | None = None, prompt_template: str | None = None) -> Benchmark:
+def get_benchmark(
+    name: str | Benchmark, *, verifier: str | None = None, prompt_template: str | None = None
+) -> Benchmark:
     """A built-in benchmark by name (``verifier``/``prompt_template`` override its own), or a user
     benchmark when ``name`` is not built in and ``verifier`` is given."""
     if isinstance(name, Benchmark):
@@ -142,6 +175,8 @@ def get_benchmark(name: str | Benchmark, *, verifier: str | None = None, prompt_
             bench = replace(bench, prompt_template=prompt_template)
         return bench
     if verifier is None:
-        raise ValueError(f"unknown benchmark {name!r}: built in are {', '.join(BENCHMARKS)}; for your own "
-                         "prompt records also name a verifier (--verifier)")  # fmt: skip
+        raise ValueError(
+            f"unknown benchmark {name!r}: built in are {', '.join(BENCHMARKS)}; for your own "
+            "prompt records also name a verifier (--verifier)"
+        )
     return user_benchmark(name, verifier, prompt_template or "plain")

@@ -12,7 +12,6 @@ from typing import Any
 import torch
 
 
-
 @dataclass
 class Generation:
     text: str
@@ -20,10 +19,20 @@ class Generation:
     finish_reason: str  # "stop" (EOS) or "length" (max_new_tokens reached)
 
 
-def generate_with_engine(engine: Any, processor: Any, records: list[Any], *, system_prompt: str | None,
-                         prompt_template: str | None, n: int = 1, temperature: float = 0.0, top_p: float = 1.0,
-                         max_new_tokens: int = 512, seed: int = 0,
-                         image_kwargs: dict[str, Any] | None = None) -> list[list[Generation]]:  # fmt: skip
+def generate_with_engine(
+    engine: Any,
+    processor: Any,
+    records: list[Any],
+    *,
+    system_prompt: str | None,
+    prompt_template: str | None,
+    n: int = 1,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    max_new_tokens: int = 512,
+    seed: int = 0,
+    image_kwargs: dict[str, Any] | None = None,
+) -> list[list[Generation]]:
     """``n`` responses per record (prompt-major) from ``engine``; in training it is the trainer's own
     engine (sharded models, vLLM). ``image_kwargs`` size images that are not loaded yet (default: the
     processor's own bounds)."""
@@ -31,8 +40,12 @@ def generate_with_engine(engine: Any, processor: Any, records: list[Any], *, sys
     from vlrft.rollout import SamplingParams
 
     sample = temperature > 0
-    prompts = [encode_prompt(processor, r, system_prompt=system_prompt, prompt_template=prompt_template,
-                             image_kwargs=image_kwargs) for r in records]  # fmt: skip
+    prompts = [
+        encode_prompt(
+            processor, r, system_prompt=system_prompt, prompt_template=prompt_template, image_kwargs=image_kwargs
+        )
+        for r in records
+    ]
     sampling = SamplingParams(n=n if sample else 1, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens)
     device = next(engine.model.parameters()).device if hasattr(engine, "model") else torch.device("cpu")
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):

@@ -48,8 +48,9 @@ def maj_at_k(keys: Sequence[str | None], correct: Sequence[bool], k: int) -> boo
     return majority_correct(keys[:k], correct[:k])
 
 
-def bootstrap_ci(values: Sequence[float], *, confidence: float = 0.95, num_resamples: int = 1000,
-                 seed: int = 0) -> tuple[float, float]:  # fmt: skip
+def bootstrap_ci(
+    values: Sequence[float], *, confidence: float = 0.95, num_resamples: int = 1000, seed: int = 0
+) -> tuple[float, float]:
     """Percentile bootstrap confidence interval of the mean (Efron & Tibshirani 1993, ch. 13).
 
     Problems are resampled with replacement ``num_resamples`` times (seeded, so reproducible); the
@@ -90,11 +91,18 @@ def summarize(problems: Sequence[dict[str, Any]], *, seed: int = 0) -> dict[str,
         "accuracy_ci95": list(bootstrap_ci(per_problem, seed=seed)),
     }
     for k in range(1, n_min + 1):
-        out[f"pass@{k}"] = float(np.mean([pass_at_k(len(p["responses"]), sum(r["correct"] for r in p["responses"]), k)
-                                          for p in problems]))  # fmt: skip
+        out[f"pass@{k}"] = float(
+            np.mean([pass_at_k(len(p["responses"]), sum(r["correct"] for r in p["responses"]), k) for p in problems])
+        )
     for k in range(1, n_min + 1):
-        out[f"maj@{k}"] = float(np.mean([maj_at_k([r["vote_key"] for r in p["responses"]],
-                                                  [r["correct"] for r in p["responses"]], k) for p in problems]))  # fmt: skip
+        out[f"maj@{k}"] = float(
+            np.mean(
+                [
+                    maj_at_k([r["vote_key"] for r in p["responses"]], [r["correct"] for r in p["responses"]], k)
+                    for p in problems
+                ]
+            )
+        )
     out["format_rate"] = float(np.mean([bool(r["format_ok"]) for r in responses]))
     out["mean_response_chars"] = float(np.mean([r["num_chars"] for r in responses]))
     tokens = [r.get("num_tokens") for r in responses]

@@ -53,8 +53,9 @@ def _metrics_table(metrics: dict[str, Any]) -> str:
     return "<table>" + "".join(rows) + "</table>"
 
 
-def render_report(metrics: dict[str, Any], rows: Sequence[dict[str, Any]], records: Sequence[Any] = (),
-                  title: str = "evaluation") -> str:  # fmt: skip
+def render_report(
+    metrics: dict[str, Any], rows: Sequence[dict[str, Any]], records: Sequence[Any] = (), title: str = "evaluation"
+) -> str:
     """The HTML page: metrics, then per problem its images, prompt, reference and every response with
     its extracted answer marked right or wrong. A problem counts as right when any response is correct."""
     images = {r.id: list(r.images) for r in records}
@@ -62,10 +63,11 @@ def render_report(metrics: dict[str, Any], rows: Sequence[dict[str, Any]], recor
     parts = [
         f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{esc(title)}</title>",
         f"<style>{_STYLE}</style><script>{_SCRIPT}</script></head><body>",
-        f"<h1>{esc(title)}</h1>", _metrics_table(metrics),
+        f"<h1>{esc(title)}</h1>",
+        _metrics_table(metrics),
         "<p>Show: <button onclick=\"show('all')\">all</button> <button onclick=\"show('right')\">right</button> "
         "<button onclick=\"show('wrong')\">wrong</button></p>",
-    ]  # fmt: skip
+    ]
     for row in rows:
         right = row["num_correct"] > 0
         parts.append(f"<div class='problem {'right' if right else 'wrong'}'>")
@@ -78,22 +80,37 @@ def render_report(metrics: dict[str, Any], rows: Sequence[dict[str, Any]], recor
             mark = "<span class='ok'>✓ right</span>" if resp["correct"] else "<span class='bad'>✗ wrong</span>"
             extracted = esc(str(resp["extracted"])) if resp["extracted"] is not None else "<i>none</i>"
             err = f" ({esc(resp['error'])})" if resp.get("error") else ""
-            parts.append(f"<p><b>Response {i + 1}</b> — extracted: {extracted} {mark}{err}</p>"
-                         f"<pre>{esc(resp['text'])}</pre>")  # fmt: skip
+            parts.append(
+                f"<p><b>Response {i + 1}</b> — extracted: {extracted} {mark}{err}</p><pre>{esc(resp['text'])}</pre>"
+            )
         parts.append("</div>")
     parts.append("</body></html>")
     return "\n".join(parts)
 
 
-def write_report(path: str | Path, metrics: dict[str, Any], rows: Sequence[dict[str, Any]],
-                 records: Sequence[Any] = (), title: str = "evaluation") -> Path:  # fmt: skip
+def write_report(
+    path: str | Path,
+    metrics: dict[str, Any],
+    rows: Sequence[dict[str, Any]],
+    records: Sequence[Any] = (),
+    title: str = "evaluation",
+) -> Path:
     path = Path(path)
     path.write_text(render_report(metrics, rows, records, title), encoding="utf-8")
     return path
 
 
-COMPARE_KEYS = ("num_problems", "n", "accuracy", "accuracy_ci95", "pass@1", "maj@1", "format_rate",
-                "mean_response_tokens", "mean_response_chars")  # fmt: skip
+COMPARE_KEYS = (
+    "num_problems",
+    "n",
+    "accuracy",
+    "accuracy_ci95",
+    "pass@1",
+    "maj@1",
+    "format_rate",
+    "mean_response_tokens",
+    "mean_response_chars",
+)
 
 
 def compare_runs(run_dirs: Sequence[str | Path]) -> tuple[str, list[dict[str, Any]]]:
@@ -104,8 +121,10 @@ def compare_runs(run_dirs: Sequence[str | Path]) -> tuple[str, list[dict[str, An
         if not f.is_file():
             raise FileNotFoundError(f"--compare {d}: no metrics.json there (not a finished vlrft eval run?)")
         runs.append({"run": str(d), **json.loads(f.read_text())})
-    ks = sorted({key for r in runs for key in r if key.startswith(("pass@", "maj@"))},
-                key=lambda s: (s.split("@")[0], int(s.split("@")[1])))  # fmt: skip
+    ks = sorted(
+        {key for r in runs for key in r if key.startswith(("pass@", "maj@"))},
+        key=lambda s: (s.split("@")[0], int(s.split("@")[1])),
+    )
     keys = ["run", "benchmark"] + [k for k in COMPARE_KEYS if k not in ("pass@1", "maj@1")] + ks
 
     def cell(v: Any) -> str:

@@ -30,12 +30,15 @@ SAMPLES, METRICS, REPORT, RUN = "samples.jsonl", "metrics.json", "report.html", 
 
 def image_refs(record: PromptRecord) -> list[str]:
     """How samples.jsonl names a record's images: the path when it has one, else ``<embedded image i>``."""
-    return [im if isinstance(im, str) and not im.startswith("data:") else f"<embedded image {i}>"
-            for i, im in enumerate(record.images)]  # fmt: skip
+    return [
+        im if isinstance(im, str) and not im.startswith("data:") else f"<embedded image {i}>"
+        for i, im in enumerate(record.images)
+    ]
 
 
-def score_problem(record: PromptRecord, generations: Sequence[Generation | str], verifier: Verifier,
-                  prompt_text: str | None = None) -> dict[str, Any]:  # fmt: skip
+def score_problem(
+    record: PromptRecord, generations: Sequence[Generation | str], verifier: Verifier, prompt_text: str | None = None
+) -> dict[str, Any]:
     """One samples.jsonl row: the record, each response with its extracted answer and verdict."""
     meta = {k: v for k, v in record.metadata.items() if k not in ("response", "answer")}
     responses = []
@@ -46,18 +49,33 @@ def score_problem(record: PromptRecord, generations: Sequence[Generation | str],
             r = verifier(g.text, record.answer, **meta, **extra)
         except (ValueError, TypeError) as exc:
             raise ValueError(f"record {record.id!r}: {exc}") from exc
-        responses.append({
-            "text": g.text, "extracted": r.extracted, "correct": bool(r.correct), "score": r.score,
-            "format_ok": bool(r.format_ok), "vote_key": verifier.vote_key(r.extracted), "error": r.error,
-            "num_chars": len(g.text), "num_tokens": g.num_tokens, "finish_reason": g.finish_reason,
-        })  # fmt: skip
-    return {"id": record.id, "prompt": prompt_text if prompt_text is not None else record.prompt,
-            "images": image_refs(record), "answer": record.answer,
-            "num_correct": sum(r["correct"] for r in responses), "responses": responses}  # fmt: skip
+        responses.append(
+            {
+                "text": g.text,
+                "extracted": r.extracted,
+                "correct": bool(r.correct),
+                "score": r.score,
+                "format_ok": bool(r.format_ok),
+                "vote_key": verifier.vote_key(r.extracted),
+                "error": r.error,
+                "num_chars": len(g.text),
+                "num_tokens": g.num_tokens,
+                "finish_reason": g.finish_reason,
+            }
+        )
+    return {
+        "id": record.id,
+        "prompt": prompt_text if prompt_text is not None else record.prompt,
+        "images": image_refs(record),
+        "answer": record.answer,
+        "num_correct": sum(r["correct"] for r in responses),
+        "responses": responses,
+    }
 
 
-def score_records(records: Sequence[PromptRecord], responses: Sequence[Sequence[str]],
-                  benchmark: str | Benchmark) -> tuple[dict[str, Any], list[dict[str, Any]]]:  # fmt: skip
+def score_records(
+    records: Sequence[PromptRecord], responses: Sequence[Sequence[str]], benchmark: str | Benchmark
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Score given responses (``responses[i]``: the n responses to ``records[i]``); returns (metrics, rows)."""
     bench = get_benchmark(benchmark)
     if len(records) != len(responses):
@@ -109,11 +127,27 @@ def _check_run(out_dir: Path, run: dict[str, Any], resume: bool) -> None:
     _write_json(path, run)
 
 
-def evaluate(model: Any, processor_or_tokenizer: Any, records: Sequence[PromptRecord], benchmark: str | Benchmark, *,
-             n: int = 1, temperature: float = 0.0, top_p: float = 1.0, max_new_tokens: int = 512,
-             batch_size: int = 8, seed: int = 0, system_prompt: str | None = None, out_dir: str | Path | None = None,
-             resume: bool = True, report: bool = True, progress: bool = False, image_kwargs: dict[str, Any] | None = None,
-             engine: Any = None, run_info: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+def evaluate(
+    model: Any,
+    processor_or_tokenizer: Any,
+    records: Sequence[PromptRecord],
+    benchmark: str | Benchmark,
+    *,
+    n: int = 1,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    max_new_tokens: int = 512,
+    batch_size: int = 8,
+    seed: int = 0,
+    system_prompt: str | None = None,
+    out_dir: str | Path | None = None,
+    resume: bool = True,
+    report: bool = True,
+    progress: bool = False,
+    image_kwargs: dict[str, Any] | None = None,
+    engine: Any = None,
+    run_info: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """Evaluate ``model`` on ``records`` of ``benchmark``; returns the metrics (see ``eval.metrics.summarize``).
 
     With ``out_dir``: writes ``samples.jsonl`` (appended per batch), ``metrics.json``, ``report.html``
@@ -137,10 +171,20 @@ def evaluate(model: Any, processor_or_tokenizer: Any, records: Sequence[PromptRe
     if len(set(ids)) != len(ids):
         dup = next(i for i in ids if ids.count(i) > 1)
         raise ValueError(f"record ids must be unique (resuming relies on them); {dup!r} appears twice")
-    settings = {"benchmark": bench.name, "verifier": bench.verifier, "prompt_template": bench.prompt_template,
-                "system_prompt": system_prompt, "n": n, "temperature": temperature, "top_p": top_p,
-                "max_new_tokens": max_new_tokens, "seed": seed, "batch_size": batch_size,
-                "num_records": len(records), **(run_info or {})}  # fmt: skip
+    settings = {
+        "benchmark": bench.name,
+        "verifier": bench.verifier,
+        "prompt_template": bench.prompt_template,
+        "system_prompt": system_prompt,
+        "n": n,
+        "temperature": temperature,
+        "top_p": top_p,
+        "max_new_tokens": max_new_tokens,
+        "seed": seed,
+        "batch_size": batch_size,
+        "num_records": len(records),
+        **(run_info or {}),
+    }
     done: dict[str, dict[str, Any]] = {}
     samples_file = None
     if out_dir is not None:
@@ -163,10 +207,19 @@ def evaluate(model: Any, processor_or_tokenizer: Any, records: Sequence[PromptRe
             if not todo:
                 continue
             sampling = dict(n=n, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed + index)
-            gens = generate_with_engine(engine, processor_or_tokenizer, todo, system_prompt=system_prompt,
-                                        prompt_template=bench.prompt_template, image_kwargs=image_kwargs, **sampling)  # fmt: skip
-            rows = [score_problem(r, g, verifier, apply_template(r.prompt, bench.prompt_template))
-                    for r, g in zip(todo, gens)]  # fmt: skip
+            gens = generate_with_engine(
+                engine,
+                processor_or_tokenizer,
+                todo,
+                system_prompt=system_prompt,
+                prompt_template=bench.prompt_template,
+                image_kwargs=image_kwargs,
+                **sampling,
+            )
+            rows = [
+                score_problem(r, g, verifier, apply_template(r.prompt, bench.prompt_template))
+                for r, g in zip(todo, gens)
+            ]
             if samples_file is not None:  # one write per batch: a kill leaves whole batches (or one torn line)
                 samples_file.write(b"".join(json.dumps(row, ensure_ascii=False).encode() + b"\n" for row in rows))
                 samples_file.flush()
@@ -185,7 +238,9 @@ def evaluate(model: Any, processor_or_tokenizer: Any, records: Sequence[PromptRe
         if report:
             from eval.report import write_report
 
-            write_report(Path(out_dir) / REPORT, metrics, rows, records, title=f"{bench.name}: {settings.get('model', '')}")
+            write_report(
+                Path(out_dir) / REPORT, metrics, rows, records, title=f"{bench.name}: {settings.get('model', '')}"
+            )
     return metrics
 
 
@@ -202,13 +257,16 @@ def load_policy(model: str | Path, *, device: str = "cpu", dtype: str | None = N
         if (path / "hf" / "config.json").is_file():
             path = path / "hf"
         if not (path / "config.json").is_file():
-            raise FileNotFoundError(f"--model {model}: no config.json there (nor in its hf/ subfolder); want an HF "
-                                    "model folder or a train-policy checkpoint folder")  # fmt: skip
+            raise FileNotFoundError(
+                f"--model {model}: no config.json there (nor in its hf/ subfolder); want an HF "
+                "model folder or a train-policy checkpoint folder"
+            )
         name: str | Path = path
     else:
         if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
-            raise FileNotFoundError(f"--model {model}: no such folder, and hub ids need the network "
-                                    "(HF_HUB_OFFLINE is set)")  # fmt: skip
+            raise FileNotFoundError(
+                f"--model {model}: no such folder, and hub ids need the network (HF_HUB_OFFLINE is set)"
+            )
         name = str(model)
     config = AutoConfig.from_pretrained(name)
     kwargs = {"dtype": getattr(torch, dtype)} if dtype else {}

@@ -13,12 +13,17 @@ from vlrft.tracking import LoggingConfig
 class RMModelConfig:
     """Which reward model to train and what it starts from."""
 
-    kind: str = option("srm", "srm: scalar RM on preference pairs; grm: generative judge on judgment records",
-                       choices=("srm", "grm"))  # fmt: skip
-    path: str = option("", "Qwen(-VL) checkpoint folder to start from; empty: a tiny random Qwen2.5-VL "
-                       "written to output_dir/tiny_base (demos and tests)")  # fmt: skip
-    pooling: str = option("last_token", "SRM head input: last non-padding token or attention pooling",
-                          choices=("last_token", "attention"))  # fmt: skip
+    kind: str = option(
+        "srm", "srm: scalar RM on preference pairs; grm: generative judge on judgment records", choices=("srm", "grm")
+    )
+    path: str = option(
+        "",
+        "Qwen(-VL) checkpoint folder to start from; empty: a tiny random Qwen2.5-VL "
+        "written to output_dir/tiny_base (demos and tests)",
+    )
+    pooling: str = option(
+        "last_token", "SRM head input: last non-padding token or attention pooling", choices=("last_token", "attention")
+    )
     dtype: str = option("float32", "parameter dtype when loading", choices=("float32", "bfloat16"))
 
 
@@ -26,22 +31,34 @@ class RMModelConfig:
 class RMDataConfig:
     """Training and held-out data: files/folders read by data_pipelines, or a synthetic task."""
 
-    train_source: str = option("", "preference (srm) or judgment (grm) records: JSONL/JSON/Parquet/CSV/"
-                               "datasets folder; empty: the synthetic task below")  # fmt: skip
+    train_source: str = option(
+        "",
+        "preference (srm) or judgment (grm) records: JSONL/JSON/Parquet/CSV/"
+        "datasets folder; empty: the synthetic task below",
+    )
     eval_source: str = option("", "held-out records; empty: synthetic held-out set, or eval_fraction of train")
     eval_fraction: float = option(0.1, "fraction of train_source held out when eval_source is empty")
-    synthetic_task: str = option("color", "synthetic task when train_source is empty",
-                                 choices=("color", "shape", "count_shapes", "triangle_angle"))  # fmt: skip
+    synthetic_task: str = option(
+        "color",
+        "synthetic task when train_source is empty",
+        choices=("color", "shape", "count_shapes", "triangle_angle"),
+    )
     synthetic_train_size: int = option(512, "synthetic training records")
     synthetic_eval_size: int = option(128, "synthetic held-out records (drawn with another seed)")
     synthetic_seed: int = option(0, "seed of the synthetic training set (held-out uses seed + 1)")
-    synthetic_options: dict = option({}, "the synthetic task's options, e.g. {num_colors: 2} (data_pipelines.synthetic)")
-    group_size: int = option(1, "keep groups of this many consecutive training records in one batch (e.g. 2: a "
-                             "prompt's right and wrong candidate judged side by side); batch_size should be a multiple")  # fmt: skip
+    synthetic_options: dict = option(
+        {}, "the synthetic task's options, e.g. {num_colors: 2} (data_pipelines.synthetic)"
+    )
+    group_size: int = option(
+        1,
+        "keep groups of this many consecutive training records in one batch (e.g. 2: a "
+        "prompt's right and wrong candidate judged side by side); batch_size should be a multiple",
+    )
     max_length: int = option(1024, "longest tokenised prompt+response; longer records are an error")
     system_prompt: str = option("", "system prompt for records that have none (empty: the template's default)")
-    on_bad_record: str = option("error", "a bad record stops the run (error) or is counted and skipped",
-                                choices=("error", "skip"))  # fmt: skip
+    on_bad_record: str = option(
+        "error", "a bad record stops the run (error) or is counted and skipped", choices=("error", "skip")
+    )
 
 
 @dataclass
@@ -57,12 +74,16 @@ class RMLossConfig:
 class RMJudgeConfig:
     """Generative reward model (judge) options."""
 
-    mode: str = option("pointwise", "judgment format: pointwise yes/no/score, or pairwise A/B",
-                       choices=("pointwise", "pairwise"))  # fmt: skip
-    max_new_tokens: int = option(24, "judgment length limit in tokens when evaluating (<answer>yes</answer> is ~11 tiny-tokenizer tokens)")
+    mode: str = option(
+        "pointwise", "judgment format: pointwise yes/no/score, or pairwise A/B", choices=("pointwise", "pairwise")
+    )
+    max_new_tokens: int = option(
+        24, "judgment length limit in tokens when evaluating (<answer>yes</answer> is ~11 tiny-tokenizer tokens)"
+    )
     score_max: float = option(1.0, "pointwise numeric scores are divided by this")
-    verdict_loss_weight: float = option(1.0, "loss weight of the verdict tokens (inside the last <answer> tag) "
-                                        "relative to the other target tokens")  # fmt: skip
+    verdict_loss_weight: float = option(
+        1.0, "loss weight of the verdict tokens (inside the last <answer> tag) relative to the other target tokens"
+    )
 
 
 @dataclass
@@ -98,9 +119,13 @@ class RewardModelTrainConfig:
     optim: OptimConfig = option(OptimConfig(lr=1e-5), "AdamW and learning-rate schedule")
     strategy: StrategyConfig = option(StrategyConfig(), "single process, FSDP2 or DeepSpeed")
     train: RMTrainConfig = option(RMTrainConfig(), "loop, evaluation, checkpoints")
-    logging: LoggingConfig = option(LoggingConfig(wandb_project="vlrft-reward-model"), "TensorBoard, wandb, progress bar")
+    logging: LoggingConfig = option(
+        LoggingConfig(wandb_project="vlrft-reward-model"), "TensorBoard, wandb, progress bar"
+    )
 
     def validate(self) -> None:
         if self.data.group_size < 1 or self.train.batch_size % self.data.group_size:
-            raise ValueError(f"train.batch_size ({self.train.batch_size}) must be a multiple of data.group_size "
-                             f"({self.data.group_size} >= 1), so that a group never straddles two batches")
+            raise ValueError(
+                f"train.batch_size ({self.train.batch_size}) must be a multiple of data.group_size "
+                f"({self.data.group_size} >= 1), so that a group never straddles two batches"
+            )

@@ -38,8 +38,9 @@ def conversation(prompt: str, images: list[Any], response: str | None, system: s
 
 def load_processor(path: str | Any) -> Any:
     """The processor of a Qwen-VL folder, or the tokenizer of a text-only one."""
-    import vlrft.models  # noqa: F401  (image-only processors)
     from transformers import AutoConfig, AutoProcessor, AutoTokenizer
+
+    import vlrft.models  # noqa: F401  (image-only processors)
 
     if hasattr(AutoConfig.from_pretrained(str(path)), "vision_config"):
         return AutoProcessor.from_pretrained(str(path))
@@ -108,8 +109,9 @@ def _check_length(batch: dict, max_length: int | None, ids: list[str] | None) ->
     for i, n in enumerate(lengths.tolist()):
         if n > max_length:
             who = f"record {ids[i]!r}" if ids else f"sample {i}"
-            raise ValueError(f"{who}: {n} tokens is longer than max_length={max_length}; raise max_length "
-                             "or filter long records")  # fmt: skip
+            raise ValueError(
+                f"{who}: {n} tokens is longer than max_length={max_length}; raise max_length or filter long records"
+            )
 
 
 def encode_sft(

@@ -15,8 +15,13 @@ from typing import Any
 import torch
 
 
-def load_eval_records(data: str, kind: str, on_bad_record: str = "error", synthetic_options: dict | None = None,
-                      judge_mode: str = "pointwise") -> list:  # fmt: skip
+def load_eval_records(
+    data: str,
+    kind: str,
+    on_bad_record: str = "error",
+    synthetic_options: dict | None = None,
+    judge_mode: str = "pointwise",
+) -> list:
     """Records from a file/folder, or ``synthetic:TASK[:N[:SEED]]`` (default 128 records, seed 1)."""
     if data.startswith("synthetic:"):
         from data_pipelines import synthetic
@@ -42,9 +47,16 @@ def load_eval_records(data: str, kind: str, on_bad_record: str = "error", synthe
 
 
 @torch.no_grad()
-def evaluate_reward_model(model_dir: str | Path, data: str, batch_size: int = 16, max_new_tokens: int = 24,
-                          judge_mode: str = "pointwise", on_bad_record: str = "error",
-                          synthetic_options: dict | None = None, device: str | None = None) -> dict[str, Any]:  # fmt: skip
+def evaluate_reward_model(
+    model_dir: str | Path,
+    data: str,
+    batch_size: int = 16,
+    max_new_tokens: int = 24,
+    judge_mode: str = "pointwise",
+    on_bad_record: str = "error",
+    synthetic_options: dict | None = None,
+    device: str | None = None,
+) -> dict[str, Any]:
     """Metrics of the reward model in ``model_dir`` on ``data`` (see the module doc)."""
     from reward_models.scalar import HEAD_CONFIG
 
@@ -63,15 +75,20 @@ def evaluate_reward_model(model_dir: str | Path, data: str, batch_size: int = 16
         chosen, rejected = rewards[: len(pairs)], rewards[len(pairs) :]
         keep = torch.tensor([not p.tie for p in pairs])
         n = int(keep.sum())
-        return {"kind": "srm", "n": n, "pairwise_accuracy": float(((chosen > rejected) & keep).sum()) / max(n, 1),
-                "mean_margin": float((chosen - rejected)[keep].mean()) if n else float("nan")}  # fmt: skip
+        return {
+            "kind": "srm",
+            "n": n,
+            "pairwise_accuracy": float(((chosen > rejected) & keep).sum()) / max(n, 1),
+            "mean_margin": float((chosen - rejected)[keep].mean()) if n else float("nan"),
+        }
     from reward_models.generative import generate_judgments, load_judge, parse_judgment
 
     records = load_eval_records(data, "judgment", on_bad_record, synthetic_options, judge_mode)
     model, processor = load_judge(model_dir)
     model.to(dev)
-    texts = generate_judgments(model, processor, [(r.prompt, r.images, r.system) for r in records],
-                               max_new_tokens, batch_size)  # fmt: skip
+    texts = generate_judgments(
+        model, processor, [(r.prompt, r.images, r.system) for r in records], max_new_tokens, batch_size
+    )
     correct = counted = unparsable = 0
     for rec, text in zip(records, texts):
         want = parse_judgment(rec.target, judge_mode)

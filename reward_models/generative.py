@@ -101,19 +101,30 @@ def judgment_prompt(prompt: str, response: str, template: str = POINTWISE_JUDGE_
     return template.replace("{prompt}", prompt).replace("{response}", response)
 
 
-def pointwise_judgment_record(record: PromptRecord, response: str, correct: bool, rationale: str = "",
-                              template: str = POINTWISE_JUDGE_TEMPLATE,
-                              system: str = JUDGE_SYSTEM_PROMPT) -> JudgmentRecord:  # fmt: skip
+def pointwise_judgment_record(
+    record: PromptRecord,
+    response: str,
+    correct: bool,
+    rationale: str = "",
+    template: str = POINTWISE_JUDGE_TEMPLATE,
+    system: str = JUDGE_SYSTEM_PROMPT,
+) -> JudgmentRecord:
     """A judge training record in the pool's judge format: target ``[rationale ]<answer>yes|no</answer>``."""
     verdict = "yes" if correct else "no"
     return JudgmentRecord(
-        id=f"{record.id}/{response}", prompt=judgment_prompt(record.prompt, response, template), images=record.images,
-        target=(f"{rationale} " if rationale else "") + f"<answer>{verdict}</answer>", task=record.task,
-        system=system, metadata={**record.metadata, "candidate": response, "verdict": verdict},
-    )  # fmt: skip
+        id=f"{record.id}/{response}",
+        prompt=judgment_prompt(record.prompt, response, template),
+        images=record.images,
+        target=(f"{rationale} " if rationale else "") + f"<answer>{verdict}</answer>",
+        task=record.task,
+        system=system,
+        metadata={**record.metadata, "candidate": response, "verdict": verdict},
+    )
 
 
-def make_synthetic_judgments(task: str, n: int, seed: int = 0, paired: bool = False, **options: Any) -> list[JudgmentRecord]:
+def make_synthetic_judgments(
+    task: str, n: int, seed: int = 0, paired: bool = False, **options: Any
+) -> list[JudgmentRecord]:
     """Judge records in the pool's judge format from ``data_pipelines.synthetic`` prompts of ``task``.
 
     ``paired``: ``n // 2`` prompts, each giving its right candidate (verdict yes) then a wrong one (no),
@@ -138,9 +149,16 @@ def make_synthetic_judgments(task: str, n: int, seed: int = 0, paired: bool = Fa
 class GenerativeRewardModel:
     """A judge (causal LM + processor) that scores responses by generating and parsing judgments."""
 
-    def __init__(self, model: Any, processor: Any, template: str = POINTWISE_JUDGE_TEMPLATE,
-                 system: str = JUDGE_SYSTEM_PROMPT, max_new_tokens: int = 32, default: float = 0.0,
-                 score_max: float = 1.0):  # fmt: skip
+    def __init__(
+        self,
+        model: Any,
+        processor: Any,
+        template: str = POINTWISE_JUDGE_TEMPLATE,
+        system: str = JUDGE_SYSTEM_PROMPT,
+        max_new_tokens: int = 32,
+        default: float = 0.0,
+        score_max: float = 1.0,
+    ):
         self.model = model
         self.processor = processor
         self.template = template
@@ -149,18 +167,22 @@ class GenerativeRewardModel:
         self.parser = JudgmentParser("pointwise", default, score_max)
 
     @classmethod
-    def from_pretrained(cls, path: str | Path, dtype: torch.dtype | None = None, **kwargs: Any) -> GenerativeRewardModel:
+    def from_pretrained(
+        cls, path: str | Path, dtype: torch.dtype | None = None, **kwargs: Any
+    ) -> GenerativeRewardModel:
         model, processor = load_judge(path, dtype)
         return cls(model, processor, **kwargs)
 
     @torch.no_grad()
-    def judge(self, items: list[tuple[str, list[Any], str | None]], micro_batch_size: int = 8,
-              synced_gpus: bool = False) -> list[str]:  # fmt: skip
+    def judge(
+        self, items: list[tuple[str, list[Any], str | None]], micro_batch_size: int = 8, synced_gpus: bool = False
+    ) -> list[str]:
         """Greedy judgments for ``(user_text, images, system)`` items (on the model's device)."""
         return generate_judgments(self.model, self.processor, items, self.max_new_tokens, micro_batch_size, synced_gpus)
 
-    def score(self, items: list[tuple[str, list[Any], str, str | None]],
-              micro_batch_size: int = 8) -> tuple[torch.Tensor, list[str]]:  # fmt: skip
+    def score(
+        self, items: list[tuple[str, list[Any], str, str | None]], micro_batch_size: int = 8
+    ) -> tuple[torch.Tensor, list[str]]:
         """Rewards ``[N]`` and judgments for ``(prompt, images, response, system)`` items."""
         judge_items = [(judgment_prompt(p, r, self.template), ims, self.system) for p, ims, r, _ in items]
         texts = self.judge(judge_items, micro_batch_size)
@@ -180,8 +202,14 @@ def load_judge(path: str | Path, dtype: torch.dtype | None = None) -> tuple[Any,
 
 
 @torch.no_grad()
-def generate_judgments(model: Any, processor: Any, items: list[tuple[str, list[Any], str | None]],
-                       max_new_tokens: int = 16, micro_batch_size: int = 8, synced_gpus: bool = False) -> list[str]:  # fmt: skip
+def generate_judgments(
+    model: Any,
+    processor: Any,
+    items: list[tuple[str, list[Any], str | None]],
+    max_new_tokens: int = 16,
+    micro_batch_size: int = 8,
+    synced_gpus: bool = False,
+) -> list[str]:
     """Greedy judgments for ``(user_text, images, system)`` items, through the ``hf`` rollout engine (the
     policy's generation path: sharded judges generate in lockstep with ``synced_gpus``)."""
     from data_pipelines.collate import encode_prompt
@@ -189,6 +217,10 @@ def generate_judgments(model: Any, processor: Any, items: list[tuple[str, list[A
     from vlrft.rollout import SamplingParams, make_engine
 
     engine = make_engine("hf", model, processor, synced=synced_gpus, micro_batch_size=micro_batch_size)
-    prompts = [encode_prompt(processor, PromptRecord(id=str(i), prompt=text, images=list(ims), system=system))
-               for i, (text, ims, system) in enumerate(items)]  # fmt: skip
-    return [r.text for r in engine.generate(prompts, SamplingParams(n=1, temperature=0.0, max_new_tokens=max_new_tokens))]
+    prompts = [
+        encode_prompt(processor, PromptRecord(id=str(i), prompt=text, images=list(ims), system=system))
+        for i, (text, ims, system) in enumerate(items)
+    ]
+    return [
+        r.text for r in engine.generate(prompts, SamplingParams(n=1, temperature=0.0, max_new_tokens=max_new_tokens))
+    ]

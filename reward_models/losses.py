@@ -71,8 +71,9 @@ def pairwise_accuracy(chosen: torch.Tensor, rejected: torch.Tensor, tie: torch.T
     return int(((chosen > rejected) & keep).sum()), int(keep.sum())
 
 
-def judge_sft_loss(logits: torch.Tensor, labels: torch.Tensor, verdict_mask: torch.Tensor | None = None,
-                   verdict_weight: float = 1.0) -> torch.Tensor:  # fmt: skip
+def judge_sft_loss(
+    logits: torch.Tensor, labels: torch.Tensor, verdict_mask: torch.Tensor | None = None, verdict_weight: float = 1.0
+) -> torch.Tensor:
     """Weighted token-mean next-token cross-entropy for judge SFT (labels ``-100`` are ignored).
 
     ``loss = sum_t w_t CE_t / sum_t w_t`` over labelled target tokens, with ``w_t = verdict_weight``
@@ -82,8 +83,9 @@ def judge_sft_loss(logits: torch.Tensor, labels: torch.Tensor, verdict_mask: tor
     shift_logits, shift_labels = logits[:, :-1], labels[:, 1:]
     if shift_logits.dtype in (torch.float16, torch.bfloat16):
         shift_logits = shift_logits.float()
-    ce = F.cross_entropy(shift_logits.reshape(-1, shift_logits.shape[-1]), shift_labels.reshape(-1),
-                         ignore_index=-100, reduction="none")  # fmt: skip
+    ce = F.cross_entropy(
+        shift_logits.reshape(-1, shift_logits.shape[-1]), shift_labels.reshape(-1), ignore_index=-100, reduction="none"
+    )
     weights = (shift_labels != -100).reshape(-1).to(ce.dtype)
     if verdict_mask is not None and verdict_weight != 1.0:
         weights = weights * (1 + (verdict_weight - 1) * verdict_mask[:, 1:].reshape(-1).to(ce.dtype))

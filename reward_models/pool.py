@@ -134,9 +134,13 @@ class NeuralSource:
             from reward_models.generative import GenerativeRewardModel
 
             self.grm = GenerativeRewardModel.from_pretrained(
-                cfg.path, template=cfg.judge_template, system=cfg.judge_system_prompt, max_new_tokens=cfg.max_new_tokens,
-                default=cfg.unparsable_reward, score_max=cfg.score_max,
-            )  # fmt: skip
+                cfg.path,
+                template=cfg.judge_template,
+                system=cfg.judge_system_prompt,
+                max_new_tokens=cfg.max_new_tokens,
+                default=cfg.unparsable_reward,
+                score_max=cfg.score_max,
+            )
             self.model, self.processor = self.grm.model, self.grm.processor
         self.model.eval().requires_grad_(False)
         self.resident = False  # True while the model sits on the scoring device (between calls: offload off)
@@ -167,8 +171,9 @@ class NeuralSource:
             if self.kind == "srm":
                 from reward_models.scalar import score_responses
 
-                rewards = score_responses(self.model, self.processor, items, self.cfg.micro_batch_size,
-                                          self.cfg.max_length, self.device)  # fmt: skip
+                rewards = score_responses(
+                    self.model, self.processor, items, self.cfg.micro_batch_size, self.cfg.max_length, self.device
+                )
                 return rewards, {}
             before = self.grm.parser.n_unparsable
             rewards, _ = self.grm.score(items, self.cfg.micro_batch_size)
@@ -190,7 +195,9 @@ class RewardPool:
         self.device = torch.device(dev)
         self.sources: dict[str, VerifierSource | NeuralSource] = {}
         for s in cfg.sources:
-            self.sources[s.name] = VerifierSource(s) if s.kind == "verifier" else NeuralSource(s, self.device, cfg.offload)
+            self.sources[s.name] = (
+                VerifierSource(s) if s.kind == "verifier" else NeuralSource(s, self.device, cfg.offload)
+            )
         self._executor = ThreadPoolExecutor(max_workers=max(1, cfg.num_threads), thread_name_prefix="verifier")
 
     def weights_for(self, task: str) -> dict[str, float]:
@@ -201,13 +208,15 @@ class RewardPool:
             return dict(self.cfg.recipes["default"])
         return {s.name: s.weight for s in self.cfg.sources}
 
-    def score(self, records: list[PromptRecord], responses: list[str],
-              extra: list[dict] | None = None) -> PoolOutput:  # fmt: skip
+    def score(self, records: list[PromptRecord], responses: list[str], extra: list[dict] | None = None) -> PoolOutput:
         """Score sample ``i`` = (``records[i]``, ``responses[i]``). ``extra[i]`` (optional) adds keyword
         arguments for the verifiers, e.g. ``{"response_length": 412}`` (tokens) for ``length_penalty``."""
         if len(records) != len(responses) or (extra is not None and len(extra) != len(records)):
-            raise ValueError(f"{len(records)} records, {len(responses)} responses"
-                             + (f", {len(extra)} extra" if extra is not None else "") + " (one each per sample)")  # fmt: skip
+            raise ValueError(
+                f"{len(records)} records, {len(responses)} responses"
+                + (f", {len(extra)} extra" if extra is not None else "")
+                + " (one each per sample)"
+            )
         n = len(records)
         weights = [self.weights_for(r.task) for r in records]
         rows = {name: [i for i in range(n) if name in weights[i]] for name in self.sources}
@@ -216,8 +225,13 @@ class RewardPool:
         futures = {}
         for name, src in self.sources.items():  # verifiers first: they run while the neural ones score
             if isinstance(src, VerifierSource) and rows[name]:
-                futures[name] = (time.perf_counter(), [self._executor.submit(src.score_one, records[i], responses[i], extra[i] if extra else None)
-                                                       for i in rows[name]])  # fmt: skip
+                futures[name] = (
+                    time.perf_counter(),
+                    [
+                        self._executor.submit(src.score_one, records[i], responses[i], extra[i] if extra else None)
+                        for i in rows[name]
+                    ],
+                )
         for name, src in self.sources.items():
             if isinstance(src, NeuralSource) and rows[name]:
                 t0 = time.perf_counter()
@@ -269,5 +283,10 @@ def _stats(prefix: str, values: torch.Tensor) -> dict[str, float]:
     if values.numel() == 0:
         return {f"{prefix}/n": 0.0}
     v = values.double()
-    return {f"{prefix}/mean": float(v.mean()), f"{prefix}/std": float(v.std(unbiased=False)),
-            f"{prefix}/min": float(v.min()), f"{prefix}/max": float(v.max()), f"{prefix}/n": float(v.numel())}  # fmt: skip
+    return {
+        f"{prefix}/mean": float(v.mean()),
+        f"{prefix}/std": float(v.std(unbiased=False)),
+        f"{prefix}/min": float(v.min()),
+        f"{prefix}/max": float(v.max()),
+        f"{prefix}/n": float(v.numel()),
+    }

@@ -61,8 +61,9 @@ class ScalarRewardModel(nn.Module):
 
     # -- construction ---------------------------------------------------------------------------
     @classmethod
-    def from_backbone(cls, path: str | Path, pooling: str = "last_token", dtype: torch.dtype | None = None,
-                      seed: int = 0) -> ScalarRewardModel:  # fmt: skip
+    def from_backbone(
+        cls, path: str | Path, pooling: str = "last_token", dtype: torch.dtype | None = None, seed: int = 0
+    ) -> ScalarRewardModel:
         """A new SRM (fresh head) on the backbone of a Qwen(-VL) checkpoint folder."""
         from transformers import AutoModel
 
@@ -90,8 +91,9 @@ class ScalarRewardModel(nn.Module):
         return model
 
     # -- forward --------------------------------------------------------------------------------
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, per_token: bool = False,
-                **mm: Any) -> torch.Tensor:  # fmt: skip
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, per_token: bool = False, **mm: Any
+    ) -> torch.Tensor:
         """Rewards ``[B]``; with ``per_token`` the head on every position, ``[B, T]`` (a PPO critic's values)."""
         out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **mm)
         hidden = out.last_hidden_state
@@ -125,8 +127,9 @@ class ScalarRewardModel(nn.Module):
             "weights": HEAD_WEIGHTS,
         }
 
-    def save_pretrained(self, out_dir: str | Path, state_dict: dict | None = None, processor: Any = None,
-                        **kwargs: Any) -> Path:  # fmt: skip
+    def save_pretrained(
+        self, out_dir: str | Path, state_dict: dict | None = None, processor: Any = None, **kwargs: Any
+    ) -> Path:
         """Write the backbone (transformers format), the head and its config (and the processor).
 
         ``state_dict`` (e.g. a gathered full state dict from FSDP2/DeepSpeed) replaces the module's own.
@@ -136,7 +139,7 @@ class ScalarRewardModel(nn.Module):
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         state = self.state_dict() if state_dict is None else state_dict
-        backbone_sd = {k[len("backbone."):]: v for k, v in state.items() if k.startswith("backbone.")}
+        backbone_sd = {k[len("backbone.") :]: v for k, v in state.items() if k.startswith("backbone.")}
         head_sd = {k: v.detach().to("cpu").contiguous() for k, v in state.items() if not k.startswith("backbone.")}
         self.backbone.save_pretrained(out, state_dict=backbone_sd, **kwargs)
         save_file(head_sd, str(out / HEAD_WEIGHTS))

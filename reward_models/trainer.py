@@ -37,13 +37,18 @@ def load_records(cfg: RewardModelTrainConfig) -> tuple[list, list]:
         if kind == "preference":
             from data_pipelines.synthetic import make_preference_pairs
 
-            return (make_preference_pairs(d.synthetic_task, d.synthetic_train_size, d.synthetic_seed, **opts),
-                    make_preference_pairs(d.synthetic_task, d.synthetic_eval_size, d.synthetic_seed + 1, **opts))  # fmt: skip
+            return (
+                make_preference_pairs(d.synthetic_task, d.synthetic_train_size, d.synthetic_seed, **opts),
+                make_preference_pairs(d.synthetic_task, d.synthetic_eval_size, d.synthetic_seed + 1, **opts),
+            )
         from reward_models.generative import make_synthetic_judgments  # in the pool's judge format
 
-        return (make_synthetic_judgments(d.synthetic_task, d.synthetic_train_size, d.synthetic_seed,
-                                         paired=d.group_size == 2, **opts),
-                make_synthetic_judgments(d.synthetic_task, d.synthetic_eval_size, d.synthetic_seed + 1, **opts))  # fmt: skip
+        return (
+            make_synthetic_judgments(
+                d.synthetic_task, d.synthetic_train_size, d.synthetic_seed, paired=d.group_size == 2, **opts
+            ),
+            make_synthetic_judgments(d.synthetic_task, d.synthetic_eval_size, d.synthetic_seed + 1, **opts),
+        )
     train = _read(d.train_source, kind, d.on_bad_record)
     if d.eval_source:
         return train, _read(d.eval_source, kind, d.on_bad_record)
@@ -61,7 +66,9 @@ def _read(source: str, kind: str, on_bad_record: str) -> list:
     return records
 
 
-def batch_indices(n: int, step: int, batch_size: int, rank: int, world: int, seed: int, group_size: int = 1) -> list[int]:
+def batch_indices(
+    n: int, step: int, batch_size: int, rank: int, world: int, seed: int, group_size: int = 1
+) -> list[int]:
     """This rank's record indices at ``step``: consecutive slices of per-epoch permutations.
 
     With ``group_size`` g > 1, groups of g consecutive records (e.g. a prompt's right and wrong
@@ -107,8 +114,12 @@ def srm_loss(model: Any, batch: dict, pairs: list, cfg: RewardModelTrainConfig, 
     with torch.no_grad():
         keep = ~tie
         acc = ((chosen > rejected) & keep).float().sum() / keep.float().sum().clamp(min=1)
-    return loss, {"loss": loss.detach(), "accuracy": acc, "reward_chosen": chosen.detach().mean(),
-                  "reward_rejected": rejected.detach().mean()}  # fmt: skip
+    return loss, {
+        "loss": loss.detach(),
+        "accuracy": acc,
+        "reward_chosen": chosen.detach().mean(),
+        "reward_rejected": rejected.detach().mean(),
+    }
 
 
 def grm_loss(model: Any, batch: dict, device, verdict_weight: float = 1.0) -> tuple[torch.Tensor, dict]:
@@ -153,8 +164,14 @@ def evaluate(model: Any, processor: Any, records: list, cfg: RewardModelTrainCon
                     correct, counted = correct + int(good), counted + 1
         else:
             items = [(r.prompt, r.images, _system(r, cfg)) for r in recs]
-            texts = generate_judgments(strategy.unwrap(model), processor, items, cfg.judge.max_new_tokens, len(items),
-                                       synced_gpus=strategy.shards_parameters)  # fmt: skip
+            texts = generate_judgments(
+                strategy.unwrap(model),
+                processor,
+                items,
+                cfg.judge.max_new_tokens,
+                len(items),
+                synced_gpus=strategy.shards_parameters,
+            )
             for rec, text, is_real in zip(recs, texts, real):
                 want = parse_judgment(rec.target, cfg.judge.mode, cfg.judge.score_max)
                 got = parse_judgment(text, cfg.judge.mode, cfg.judge.score_max)
@@ -234,22 +251,32 @@ def train_reward_model(cfg: RewardModelTrainConfig, records: tuple[list, list] |
     tracker = Tracker(out, cfg, strategy.is_rank0, start, cfg.train.max_steps, desc="train-reward-model")
     if strategy.is_rank0:
         save_config(cfg, out)
-        tracker.print(f"{cfg.model.kind}: {len(train)} train / {len(held_out)} held-out records, "
-                      f"world size {strategy.world_size}, " + (f"resumed from {resume}" if resume else "from scratch"))  # fmt: skip
+        tracker.print(
+            f"{cfg.model.kind}: {len(train)} train / {len(held_out)} held-out records, "
+            f"world size {strategy.world_size}, " + (f"resumed from {resume}" if resume else "from scratch")
+        )
     if start == 0 and held_out:
         tracker.log(evaluate(model, processor, held_out, cfg, strategy), 0)
     model.train()
     sums: dict[str, float] = {}
     n_acc, t0 = 0, time.time()
     for step in range(start, cfg.train.max_steps):
-        idx = batch_indices(len(train), step, cfg.train.batch_size, strategy.rank, strategy.world_size,
-                            cfg.strategy.seed, cfg.data.group_size)  # fmt: skip
+        idx = batch_indices(
+            len(train),
+            step,
+            cfg.train.batch_size,
+            strategy.rank,
+            strategy.world_size,
+            cfg.strategy.seed,
+            cfg.data.group_size,
+        )
         records = [train[i] for i in idx]
         if cfg.model.kind == "srm":
             loss, metrics = srm_loss(model, srm_batch(processor, records, cfg), records, cfg, strategy.device)
         else:
-            loss, metrics = grm_loss(model, grm_batch(processor, records, cfg), strategy.device,
-                                     cfg.judge.verdict_loss_weight)  # fmt: skip
+            loss, metrics = grm_loss(
+                model, grm_batch(processor, records, cfg), strategy.device, cfg.judge.verdict_loss_weight
+            )
         strategy.backward(loss)
         metrics["grad_norm"] = torch.tensor(strategy.step())
         for k, v in metrics.items():

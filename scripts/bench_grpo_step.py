@@ -35,13 +35,24 @@ def vlrft_trainer(model_dir: Path, out: Path, a: argparse.Namespace):
     from vlrft.trainer.policy_trainer import PolicyTrainer
     from vlrft.trainer.run import load_policy
 
-    cfg = load_config(PolicyTrainConfig, None, [
-        f"rollout.rollout_batch_size={a.prompts}", f"rollout.n_samples_per_prompt={a.generations}",
-        f"rollout.max_new_tokens={a.max_new_tokens}", f"rollout.micro_rollout_batch_size={a.prompts}",
-        f"train.micro_train_batch_size={a.prompts * a.generations}", "algorithm.loss_agg_mode=token-mean",
-        "algorithm.kl_coef=0", f"optim.lr={a.lr}", f"train.output_dir={out}", "train.max_steps=0",
-        "train.log_samples=0", "strategy.grad_clip=1.0",
-    ])  # fmt: skip
+    cfg = load_config(
+        PolicyTrainConfig,
+        None,
+        [
+            f"rollout.rollout_batch_size={a.prompts}",
+            f"rollout.n_samples_per_prompt={a.generations}",
+            f"rollout.max_new_tokens={a.max_new_tokens}",
+            f"rollout.micro_rollout_batch_size={a.prompts}",
+            f"train.micro_train_batch_size={a.prompts * a.generations}",
+            "algorithm.loss_agg_mode=token-mean",
+            "algorithm.kl_coef=0",
+            f"optim.lr={a.lr}",
+            f"train.output_dir={out}",
+            "train.max_steps=0",
+            "train.log_samples=0",
+            "strategy.grad_clip=1.0",
+        ],
+    )
     strategy = make_strategy(cfg.strategy, cfg.optim)
     model, proc = load_policy(str(model_dir))
     pool = RewardPool(cfg.reward)
@@ -65,17 +76,24 @@ def vlrft_trainer(model_dir: Path, out: Path, a: argparse.Namespace):
 
 
 def trl_trainer(model_dir: Path, out: Path, a: argparse.Namespace):
-    import vlrft.models  # noqa: F401
     from datasets import Dataset
     from transformers import AutoModelForImageTextToText, AutoProcessor, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
+    import vlrft.models  # noqa: F401
     from data_pipelines.synthetic import make_prompt_records
     from reward_models.verifiers import get_verifier
 
     records = make_prompt_records("color", 512, seed=0)
-    rows = [{"prompt": [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": r.prompt}]}],
-             "image": r.images[0], "answer": r.answer, "vocabulary": r.metadata["vocabulary"]} for r in records]  # fmt: skip
+    rows = [
+        {
+            "prompt": [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": r.prompt}]}],
+            "image": r.images[0],
+            "answer": r.answer,
+            "vocabulary": r.metadata["vocabulary"],
+        }
+        for r in records
+    ]
     dataset = Dataset.from_list(rows)
     verifier = get_verifier("vocab_answer")
 
@@ -99,15 +117,37 @@ def trl_trainer(model_dir: Path, out: Path, a: argparse.Namespace):
     def run(steps: int) -> list[float]:
         times.clear()
         args = GRPOConfig(
-            output_dir=str(out), use_cpu=True, bf16=False, report_to="none", save_strategy="no",
-            per_device_train_batch_size=a.prompts * a.generations, num_generations=a.generations,
-            max_completion_length=a.max_new_tokens, temperature=1.0, learning_rate=a.lr, beta=0.0,
-            loss_type="dapo", scale_rewards="group", num_iterations=1, gradient_checkpointing=False,
-            max_steps=steps, logging_steps=10**6, seed=state["done"], disable_tqdm=True, max_grad_norm=1.0,
-            lr_scheduler_type="constant", warmup_steps=0,
-        )  # fmt: skip
-        trainer = GRPOTrainer(model=model, reward_funcs=[accuracy], args=args, train_dataset=dataset,
-                              processing_class=processor, callbacks=[Clock()])  # fmt: skip
+            output_dir=str(out),
+            use_cpu=True,
+            bf16=False,
+            report_to="none",
+            save_strategy="no",
+            per_device_train_batch_size=a.prompts * a.generations,
+            num_generations=a.generations,
+            max_completion_length=a.max_new_tokens,
+            temperature=1.0,
+            learning_rate=a.lr,
+            beta=0.0,
+            loss_type="dapo",
+            scale_rewards="group",
+            num_iterations=1,
+            gradient_checkpointing=False,
+            max_steps=steps,
+            logging_steps=10**6,
+            seed=state["done"],
+            disable_tqdm=True,
+            max_grad_norm=1.0,
+            lr_scheduler_type="constant",
+            warmup_steps=0,
+        )
+        trainer = GRPOTrainer(
+            model=model,
+            reward_funcs=[accuracy],
+            args=args,
+            train_dataset=dataset,
+            processing_class=processor,
+            callbacks=[Clock()],
+        )
         trainer.train()
         state["done"] += steps
         return list(times)
@@ -138,13 +178,20 @@ def main() -> None:
             if rnd > 0:
                 times[name] += t
     med = {k: statistics.median(v) for k, v in times.items()}
-    print(f"machine: {platform.machine()} {platform.processor() or ''}, {os.cpu_count()} cores, torch {torch.__version__}, "
-          f"threads {a.threads}")  # fmt: skip
-    print(f"settings: tiny Qwen2.5-VL (random), {a.prompts} prompts x {a.generations} generations, "
-          f"{a.max_new_tokens} new tokens, no KL, token-mean loss, {a.rounds} x {a.block} steps each, alternating")
+    print(
+        f"machine: {platform.machine()} {platform.processor() or ''}, {os.cpu_count()} cores, "
+        f"torch {torch.__version__}, "
+        f"threads {a.threads}"
+    )
+    print(
+        f"settings: tiny Qwen2.5-VL (random), {a.prompts} prompts x {a.generations} generations, "
+        f"{a.max_new_tokens} new tokens, no KL, token-mean loss, {a.rounds} x {a.block} steps each, alternating"
+    )
     for k, v in times.items():
-        print(f"{k:>6}: median {med[k] * 1000:.0f} ms/step (mean {statistics.mean(v) * 1000:.0f}, "
-              f"min {min(v) * 1000:.0f}, max {max(v) * 1000:.0f}, n={len(v)})")  # fmt: skip
+        print(
+            f"{k:>6}: median {med[k] * 1000:.0f} ms/step (mean {statistics.mean(v) * 1000:.0f}, "
+            f"min {min(v) * 1000:.0f}, max {max(v) * 1000:.0f}, n={len(v)})"
+        )
     print(f"ratio trl / vlrft (median step time): {med['trl'] / med['vlrft']:.2f}x")
 
 

@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# Sets up .venv (with the test tools) and runs the test suite.
+# Sets up .venv (with the test tools), checks formatting and lint (ruff), and runs the test suite.
 #   bash scripts/test.sh           # the default suite (everything not marked slow)
 #   bash scripts/test.sh --slow    # only the slow tests (learning proofs with distributed strategies, ...)
 #   bash scripts/test.sh -- ARGS   # extra pytest arguments
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh --dev
+# the formatter and the linter first (pyproject.toml [tool.ruff]): a tree that is not formatted fails fast
+.venv/bin/ruff format --check --quiet . || { echo "ruff format: files above are not formatted (run .venv/bin/ruff format .)" >&2; exit 1; }
+.venv/bin/ruff check --quiet .
 marker="not slow"
 if [ "${1:-}" = "--slow" ]; then marker="slow"; shift; fi
 [ "${1:-}" = "--" ] && shift

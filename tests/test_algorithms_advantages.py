@@ -237,8 +237,9 @@ def test_all_equal_batch_fully_masked_and_zero_length_are_finite(name):
     assert (adv[~mask] == 0).all()
     if name != "gae":  # all rewards equal -> nothing to prefer
         assert (adv == 0).all()
-    adv, ret = compute_advantages(name, torch.tensor([1.0, 0.0, 1.0, 0.0]), torch.zeros(4, 2, dtype=torch.bool),
-                                  group_ids=[0, 0, 1, 1], **kw)
+    adv, ret = compute_advantages(
+        name, torch.tensor([1.0, 0.0, 1.0, 0.0]), torch.zeros(4, 2, dtype=torch.bool), group_ids=[0, 0, 1, 1], **kw
+    )
     assert (adv == 0).all() and (ret == 0).all()  # a fully masked batch: zeros, not NaN
 
 

@@ -89,7 +89,9 @@ def test_overlong_penalty_dapo_eq13_hand_computed():
     lengths = torch.tensor([10, 15, 16, 18, 20, 21])
     # L_max 20, L_cache 5: free up to 15, then (15 - |y|)/5, -1 beyond 20
     assert overlong_penalty(lengths, 20, 5).tolist() == pytest.approx([0, 0, -0.2, -0.6, -1, -1])
-    assert overlong_penalty(lengths, 20, 5, penalty_factor=0.5).tolist() == pytest.approx([0, 0, -0.1, -0.3, -0.5, -0.5])
+    assert overlong_penalty(lengths, 20, 5, penalty_factor=0.5).tolist() == pytest.approx(
+        [0, 0, -0.1, -0.3, -0.5, -0.5]
+    )
     assert overlong_penalty(lengths, 20, 0).tolist() == [0, 0, 0, 0, 0, -1]  # hard cut-off
     assert overlong_penalty(torch.tensor([0]), 20, 5).tolist() == [0]  # zero-length response: no penalty
     with pytest.raises(ValueError, match="overlong_buffer_len <= max_response_length"):

@@ -17,7 +17,9 @@ def test_logprob_and_entropy_hand_computed():
     assert entropy_from_logits(logits).item() == pytest.approx(h, abs=1e-12)
     # temperature 2 as in sampling: logits / 2 = [0, ln(3)/2] -> p1 = sqrt(3) / (1 + sqrt(3))
     p1 = math.sqrt(3) / (1 + math.sqrt(3))
-    assert logprobs_from_logits(logits, torch.tensor([[1]]), temperature=2.0).item() == pytest.approx(math.log(p1), abs=1e-12)
+    assert logprobs_from_logits(logits, torch.tensor([[1]]), temperature=2.0).item() == pytest.approx(
+        math.log(p1), abs=1e-12
+    )
     h2 = -(p1 * math.log(p1) + (1 - p1) * math.log(1 - p1))
     assert entropy_from_logits(logits, temperature=2.0).item() == pytest.approx(h2, abs=1e-12)
 

@@ -13,7 +13,12 @@ F64 = torch.float64
 def _tokens(ratios, advantages):
     """One-token-per-position batch [1, n] with log pi_old = 0, so log pi = log(ratio)."""
     logp = torch.tensor([math.log(r) for r in ratios], dtype=F64)[None].requires_grad_()
-    return logp, torch.zeros_like(logp), torch.tensor(advantages, dtype=F64)[None], torch.ones_like(logp, dtype=torch.bool)
+    return (
+        logp,
+        torch.zeros_like(logp),
+        torch.tensor(advantages, dtype=F64)[None],
+        torch.ones_like(logp, dtype=torch.bool),
+    )
 
 
 def _per_token(name, ratios, advantages, **kw):
@@ -51,7 +56,9 @@ def test_gspo_hand_computed_differs_from_ppo_on_mixed_ratios():
     assert m["clip_fraction"] == 0
     (g,) = torch.autograd.grad(gspo, logp)
     assert g[0].tolist() == pytest.approx([-s / 2, -s / 2], abs=1e-12)  # both tokens get gradient
-    (g_ppo,) = torch.autograd.grad(compute_policy_loss("ppo", logp, old, adv, mask, loss_agg_mode="seq-mean-token-mean")[0], logp)
+    (g_ppo,) = torch.autograd.grad(
+        compute_policy_loss("ppo", logp, old, adv, mask, loss_agg_mode="seq-mean-token-mean")[0], logp
+    )
     assert g_ppo[0].tolist() == pytest.approx([0, -0.35], abs=1e-12)  # PPO: clipped token gets none
 
 
@@ -60,13 +67,29 @@ def test_gmpo_hand_computed():
     # A = +1: min(0.5, 0.4) = 0.4, min(-0.1, -0.1) = -0.1 -> mean 0.15 -> loss -exp(0.15)
     logp = torch.tensor([[0.5, -0.1]], dtype=F64)
     old, mask = torch.zeros_like(logp), torch.ones(1, 2, dtype=torch.bool)
-    loss, m = compute_policy_loss("gmpo", logp, old, torch.tensor([[1.0, 1.0]], dtype=F64), mask,
-                                  clip_low=0.4, clip_high=0.4, loss_agg_mode="seq-mean-token-mean")
+    loss, m = compute_policy_loss(
+        "gmpo",
+        logp,
+        old,
+        torch.tensor([[1.0, 1.0]], dtype=F64),
+        mask,
+        clip_low=0.4,
+        clip_high=0.4,
+        loss_agg_mode="seq-mean-token-mean",
+    )
     assert loss.item() == pytest.approx(-math.exp(0.15), abs=1e-12)
     assert m["clip_fraction"] == 0.5
     # A = -1: -min(-0.5, -0.4) = 0.5, -min(0.1, 0.1) = -0.1 -> mean 0.2 -> loss +exp(0.2)
-    loss, _ = compute_policy_loss("gmpo", logp, old, torch.tensor([[-1.0, -1.0]], dtype=F64), mask,
-                                  clip_low=0.4, clip_high=0.4, loss_agg_mode="seq-mean-token-mean")
+    loss, _ = compute_policy_loss(
+        "gmpo",
+        logp,
+        old,
+        torch.tensor([[-1.0, -1.0]], dtype=F64),
+        mask,
+        clip_low=0.4,
+        clip_high=0.4,
+        loss_agg_mode="seq-mean-token-mean",
+    )
     assert loss.item() == pytest.approx(math.exp(0.2), abs=1e-12)
 
 
@@ -74,14 +97,26 @@ def test_cpgd_hand_computed():
     # l = 0.5, A = +1, clip 0.2: clip(l) = log 1.2 = 0.18232 -> pg = max(-0.5, -0.18232) = -0.18232
     # drift k3 = e^0.5 - 1 - 0.5 = 0.148721 ; alpha 0.1 -> -0.18232 + 0.0148721
     logp = torch.tensor([[0.5]], dtype=F64)
-    loss, m = compute_policy_loss("cpgd", logp, torch.zeros_like(logp), torch.ones_like(logp), torch.ones(1, 1, dtype=torch.bool),
-                                  policy_drift_coef=0.1)
+    loss, m = compute_policy_loss(
+        "cpgd",
+        logp,
+        torch.zeros_like(logp),
+        torch.ones_like(logp),
+        torch.ones(1, 1, dtype=torch.bool),
+        policy_drift_coef=0.1,
+    )
     assert loss.item() == pytest.approx(-math.log(1.2) + 0.1 * (math.exp(0.5) - 1.5), abs=1e-12)
     assert m["clip_fraction"] == 1.0 and m["policy_drift"] == pytest.approx(math.exp(0.5) - 1.5)
     # l = -0.5, A = +1: unclipped -(-0.5) = 0.5 is the max -> 0.5 + drift
     logp = torch.tensor([[-0.5]], dtype=F64)
-    loss, _ = compute_policy_loss("cpgd", logp, torch.zeros_like(logp), torch.ones_like(logp), torch.ones(1, 1, dtype=torch.bool),
-                                  policy_drift_coef=0.1)
+    loss, _ = compute_policy_loss(
+        "cpgd",
+        logp,
+        torch.zeros_like(logp),
+        torch.ones_like(logp),
+        torch.ones(1, 1, dtype=torch.bool),
+        policy_drift_coef=0.1,
+    )
     assert loss.item() == pytest.approx(0.5 + 0.1 * (math.exp(-0.5) - 0.5), abs=1e-12)
 
 
@@ -140,7 +175,9 @@ def test_gspo_equals_ppo_when_all_token_ratios_agree_and_differs_when_they_do_no
     assert gspo.item() == pytest.approx(-s, abs=1e-12) and m["clip_fraction"] == 0
     # and a sequence ratio beyond 1.2 is clipped as a whole: no gradient on any of its tokens
     logp2 = torch.tensor([[math.log(1.5), math.log(1.3), math.log(1.0)]], dtype=F64, requires_grad=True)
-    gspo2, m2 = compute_policy_loss("gspo", logp2, torch.zeros_like(logp2), adv, mask, loss_agg_mode="seq-mean-token-mean")
+    gspo2, m2 = compute_policy_loss(
+        "gspo", logp2, torch.zeros_like(logp2), adv, mask, loss_agg_mode="seq-mean-token-mean"
+    )
     assert (1.5 * 1.3) ** (1 / 3) > 1.2 and m2["clip_fraction"] == 1.0
     assert gspo2.item() == pytest.approx(-1.2, abs=1e-12)
     assert (torch.autograd.grad(gspo2, logp2)[0] == 0).all()
@@ -164,8 +201,9 @@ def test_gspo_token_gradient_is_the_defined_one_for_per_token_advantages():
     # that of -A_t * s_i * pi_t / sg(pi_t): -A_t * s_i (unclipped), / 2 tokens for token-mean
     logp = torch.tensor([[math.log(1.1), 0.0]], dtype=F64, requires_grad=True)
     adv = torch.tensor([[1.0, -2.0]], dtype=F64)
-    loss, _ = compute_policy_loss("gspo_token", logp, torch.zeros_like(logp), adv, torch.ones(1, 2, dtype=torch.bool),
-                                  clip_low=0.5, clip_high=0.5)
+    loss, _ = compute_policy_loss(
+        "gspo_token", logp, torch.zeros_like(logp), adv, torch.ones(1, 2, dtype=torch.bool), clip_low=0.5, clip_high=0.5
+    )
     s = math.sqrt(1.1)
     assert loss.item() == pytest.approx((-1.0 * s + 2.0 * s) / 2, abs=1e-12)
     assert torch.autograd.grad(loss, logp)[0][0].tolist() == pytest.approx([-s / 2, s], abs=1e-12)
@@ -212,8 +250,16 @@ def _ref_loss(name, logp, old, adv, mask, cl, ch, dual, alpha):
     return total / max(count, 1)
 
 
-@pytest.mark.parametrize("name,cl,ch,dual", [("ppo", 0.2, 0.28, None), ("ppo", 0.2, 0.2, 3.0), ("gspo", 0.01, 0.02, None),
-                                             ("gmpo", 0.1, 0.15, None), ("cpgd", 0.2, 0.28, None)])
+@pytest.mark.parametrize(
+    "name,cl,ch,dual",
+    [
+        ("ppo", 0.2, 0.28, None),
+        ("ppo", 0.2, 0.2, 3.0),
+        ("gspo", 0.01, 0.02, None),
+        ("gmpo", 0.1, 0.15, None),
+        ("cpgd", 0.2, 0.28, None),
+    ],
+)
 def test_matches_float64_reference_loop(name, cl, ch, dual):
     g = torch.Generator().manual_seed(3)
     logp = torch.randn(6, 7, generator=g, dtype=F64) * 0.4
@@ -222,14 +268,24 @@ def test_matches_float64_reference_loop(name, cl, ch, dual):
     if name in ("gspo", "gmpo"):
         adv = adv[:, :1].expand(6, 7)  # outcome advantages: one value per sequence
     mask = torch.arange(7)[None] < torch.tensor([[7], [1], [0], [4], [6], [3]])
-    loss, _ = compute_policy_loss(name, logp, old, adv, mask, clip_low=cl, clip_high=ch, dual_clip=dual, policy_drift_coef=0.3)
+    loss, _ = compute_policy_loss(
+        name, logp, old, adv, mask, clip_low=cl, clip_high=ch, dual_clip=dual, policy_drift_coef=0.3
+    )
     assert loss.item() == pytest.approx(_ref_loss(name, logp, old, adv, mask, cl, ch, dual, 0.3), abs=1e-12)
 
 
 # gspo_token is absent on purpose: its stop-gradients make its gradient differ from the derivative of its
 # value by design (arXiv 2507.18071 eq. 14); it is checked against its defined gradient below.
-@pytest.mark.parametrize("name,kw", [("ppo", {"clip_high": 0.28}), ("ppo", {"dual_clip": 3.0}), ("gspo", {}),
-                                     ("gmpo", {}), ("cpgd", {"policy_drift_coef": 0.2})])
+@pytest.mark.parametrize(
+    "name,kw",
+    [
+        ("ppo", {"clip_high": 0.28}),
+        ("ppo", {"dual_clip": 3.0}),
+        ("gspo", {}),
+        ("gmpo", {}),
+        ("cpgd", {"policy_drift_coef": 0.2}),
+    ],
+)
 def test_gradcheck_float64(name, kw):
     g = torch.Generator().manual_seed(4)
     old = torch.randn(3, 4, generator=g, dtype=F64)
@@ -264,8 +320,14 @@ def test_fully_masked_rows_and_empty_batch_are_finite(name):
 
 def test_zero_width_batch_runs_end_to_end():
     """Every response of the batch has length 0 (T = 0): everything is empty or 0, nothing raises or NaNs."""
-    from vlrft.algorithms import ADVANTAGE_ESTIMATORS, LOSS_AGG_MODES, compute_advantages, entropy_from_logits
-    from vlrft.algorithms import high_entropy_mask, logprobs_from_logits
+    from vlrft.algorithms import (
+        ADVANTAGE_ESTIMATORS,
+        LOSS_AGG_MODES,
+        compute_advantages,
+        entropy_from_logits,
+        high_entropy_mask,
+        logprobs_from_logits,
+    )
 
     logits = torch.randn(2, 0, 5, requires_grad=True)
     lp = logprobs_from_logits(logits, torch.zeros(2, 0, dtype=torch.long))
@@ -288,7 +350,9 @@ def test_zero_width_batch_runs_end_to_end():
 def test_zero_advantages_give_zero_policy_gradient():
     logp = torch.randn(2, 3, dtype=F64, requires_grad=True)
     for name in ("ppo", "gspo", "gmpo"):
-        loss, _ = compute_policy_loss(name, logp, logp.detach() + 0.1, torch.zeros(2, 3, dtype=F64), torch.ones(2, 3, dtype=torch.bool))
+        loss, _ = compute_policy_loss(
+            name, logp, logp.detach() + 0.1, torch.zeros(2, 3, dtype=F64), torch.ones(2, 3, dtype=torch.bool)
+        )
         assert loss.item() == 0 and (torch.autograd.grad(loss, logp)[0] == 0).all()
 
 

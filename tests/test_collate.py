@@ -14,15 +14,19 @@ def _records():
     return [
         PromptRecord(id="a", prompt="What colour? <image>", images=[Image.new("RGB", (56, 84), (255, 0, 0))]),
         PromptRecord(id="b", prompt="No image here, only text, and it is longer than the others are."),
-        PromptRecord(id="c", prompt="<image> then <image>", images=[Image.new("RGB", (112, 112), (0, 0, 255)),
-                                                                   Image.new("RGB", (56, 56), (0, 255, 0))]),
-    ]  # fmt: skip
+        PromptRecord(
+            id="c",
+            prompt="<image> then <image>",
+            images=[Image.new("RGB", (112, 112), (0, 0, 255)), Image.new("RGB", (56, 56), (0, 255, 0))],
+        ),
+    ]
 
 
 @pytest.fixture(scope="module")
 def vl(tiny_model):
-    import vlrft.models  # noqa: F401
     from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    import vlrft.models  # noqa: F401
 
     path = tiny_model("qwen2_5_vl")
     return AutoModelForImageTextToText.from_pretrained(path).eval(), AutoProcessor.from_pretrained(path)
@@ -70,8 +74,9 @@ def test_text_only_model_uses_the_same_path(tiny_model):
     model, tok = AutoModelForCausalLM.from_pretrained(path).eval(), AutoTokenizer.from_pretrained(path)
     prompts = [encode_prompt(tok, PromptRecord(id=str(i), prompt=p)) for i, p in enumerate(["2+2?", "What is 12 x 3?"])]
     assert all(p.pixel_values is None for p in prompts)
-    batch = collate_sequences(prompts, [0, 1, 1], [torch.tensor([7]), torch.tensor([8, 9]), torch.tensor([4])],
-                              tok.pad_token_id)  # fmt: skip
+    batch = collate_sequences(
+        prompts, [0, 1, 1], [torch.tensor([7]), torch.tensor([8, 9]), torch.tensor([4])], tok.pad_token_id
+    )
     assert "pixel_values" not in batch and batch["images_per_sample"].tolist() == [0, 0, 0]
     with torch.no_grad():
         logits = model(**model_inputs(batch)).logits
@@ -104,8 +109,9 @@ def test_group_shares_one_preprocessing(vl, monkeypatch):
         assert len(rollouts) == 8 and [r.prompt_index for r in rollouts] == [0] * 4 + [1] * 4
         assert calls["image_processor"] == len(records)  # nothing re-processed for the 4 samples
         assert calls["vision"] == 1  # one vision-encoder pass for the batch of unique prompts
-        batch = collate_sequences(prompts, [r.prompt_index for r in rollouts], [r.response_ids for r in rollouts],
-                                  proc.tokenizer.pad_token_id)  # fmt: skip
+        batch = collate_sequences(
+            prompts, [r.prompt_index for r in rollouts], [r.response_ids for r in rollouts], proc.tokenizer.pad_token_id
+        )
         assert calls["image_processor"] == len(records)
         per_prompt = prompts[0].pixel_values.shape[0]
         assert torch.equal(batch["pixel_values"][:per_prompt], prompts[0].pixel_values)

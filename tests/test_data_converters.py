@@ -35,7 +35,9 @@ def test_gsm8k_test_jsonl_gives_1319_records_with_the_hash_numbers(shared_data):
     assert len(records) == 1319 == report.kept and report.skipped == 0
     assert [r.answer for r in records] == golds
     assert all(re.fullmatch(r"-?\d+(\.\d+)?", g) for g in golds)
-    assert any("," in json.loads(line)["answer"].splitlines()[-1] for line in path.read_text().splitlines())  # commas occur
+    assert any(
+        "," in json.loads(line)["answer"].splitlines()[-1] for line in path.read_text().splitlines()
+    )  # commas occur
     first = json.loads(path.read_text().splitlines()[0])
     assert records[0].prompt == first["question"] and records[0].metadata["solution"] == first["answer"]
     assert {r.task for r in records} == {"gsm8k"} and all(r.images == [] for r in records)
@@ -90,8 +92,14 @@ def test_geo3k_multiple_choice_form(shared_data):
 def test_geo3k_hub_parquet_layout_converts_and_reads_back(shared_data, tmp_path):
     folder = shared_data / "geo3k_examples" / "train"
     truth = geo3k_truth(folder)
-    rows = [{"images": [{"bytes": (folder / k / "img_diagram.png").read_bytes(), "path": None}],
-             "problem": "<image>" + data["annotat_text"], "answer": choice} for k, (data, choice) in truth.items()]  # fmt: skip
+    rows = [
+        {
+            "images": [{"bytes": (folder / k / "img_diagram.png").read_bytes(), "path": None}],
+            "problem": "<image>" + data["annotat_text"],
+            "answer": choice,
+        }
+        for k, (data, choice) in truth.items()
+    ]
     (tmp_path / "hub" / "data").mkdir(parents=True)
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "hub" / "data" / "train-00000-of-00001.parquet")
     records, _ = convert_geo3k(tmp_path / "hub", "train")
@@ -105,7 +113,9 @@ def test_geo3k_hub_parquet_layout_converts_and_reads_back(shared_data, tmp_path)
     np.testing.assert_array_equal(np.asarray(back[0].images[0]), np.asarray(original))
     # A hub row whose problem has no <image> for its image is a located error.
     pq.write_table(pa.Table.from_pylist([dict(rows[0], problem="Find x.")]), tmp_path / "bad.parquet")
-    with pytest.raises(DataError, match=r"bad\.parquet:0 field 'problem': problem has 0 <image> placeholders but 1 images"):
+    with pytest.raises(
+        DataError, match=r"bad\.parquet:0 field 'problem': problem has 0 <image> placeholders but 1 images"
+    ):
         convert_geo3k(tmp_path / "bad.parquet", "train")
 
 
@@ -125,19 +135,47 @@ def test_geo3k_bad_example_folder_is_located(shared_data, tmp_path):
 
 
 def test_prepare_data_cli_writes_jsonl_that_read_records_reads_back(shared_data, tmp_path, capsys):
-    assert main(["prepare-data", "gsm8k", "--source", str(shared_data / "gsm8k" / "test.jsonl"), "--split", "test",
-                 "--out", str(tmp_path / "gsm8k_test.jsonl")]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "prepare-data",
+                "gsm8k",
+                "--source",
+                str(shared_data / "gsm8k" / "test.jsonl"),
+                "--split",
+                "test",
+                "--out",
+                str(tmp_path / "gsm8k_test.jsonl"),
+            ]
+        )
+        == 0
+    )
     assert "wrote 1319 gsm8k records" in capsys.readouterr().out
     back, _ = read_records(tmp_path / "gsm8k_test.jsonl")
     assert len(back) == 1319 and [r.answer for r in back] == hash_numbers(shared_data / "gsm8k" / "test.jsonl")
     assert all(r.metadata["solution"].rstrip().splitlines()[-1].startswith("####") for r in back)
-    assert main(["prepare-data", "geo3k", "--source", str(shared_data / "geo3k_examples"), "--split", "train",
-                 "--out", str(tmp_path / "sub" / "geo3k_train.jsonl")]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "prepare-data",
+                "geo3k",
+                "--source",
+                str(shared_data / "geo3k_examples"),
+                "--split",
+                "train",
+                "--out",
+                str(tmp_path / "sub" / "geo3k_train.jsonl"),
+            ]
+        )
+        == 0
+    )
     rows = [json.loads(line) for line in (tmp_path / "sub" / "geo3k_train.jsonl").read_text().splitlines()]
     assert all(not r["images"][0].startswith("/") for r in rows)  # relative to the output file
     back, _ = read_records(tmp_path / "sub" / "geo3k_train.jsonl")
     assert len(back) == 10 and all(len(r.images) == 1 and isinstance(r.images[0], Image.Image) for r in back)
     assert [r.answer for r in back] == [c for _, c in geo3k_truth(shared_data / "geo3k_examples" / "train").values()]
     # A bad source is an error message and exit status 1, not a traceback.
-    assert main(["prepare-data", "geo3k", "--source", str(tmp_path / "nothing"), "--out", str(tmp_path / "x.jsonl")]) == 1
+    assert (
+        main(["prepare-data", "geo3k", "--source", str(tmp_path / "nothing"), "--out", str(tmp_path / "x.jsonl")]) == 1
+    )
     assert "file not found" in capsys.readouterr().err

@@ -37,7 +37,11 @@ def test_without_placeholders_images_come_first_and_text_only_is_a_list():
 def test_images_not_yet_loaded_are_loaded(tmp_path):
     RED.save(tmp_path / "r.png")
     (user,) = build_messages(PromptRecord(id="a", prompt="<image>?", images=[str(tmp_path / "r.png")]))
-    assert isinstance(user["content"][0]["image"], Image.Image) and user["content"][0]["image"].getpixel((0, 0)) == (255, 0, 0)
+    assert isinstance(user["content"][0]["image"], Image.Image) and user["content"][0]["image"].getpixel((0, 0)) == (
+        255,
+        0,
+        0,
+    )
 
 
 def test_templates_system_prompt_and_response():
@@ -47,33 +51,48 @@ def test_templates_system_prompt_and_response():
     text = msgs[1]["content"][1]["text"]
     assert text.startswith("Find x. ") and "<think> </think>" in text and text.endswith("\\boxed{}.")
     assert PROMPT_TEMPLATES["plain"].format(prompt="p") == "p"
-    assert build_messages(PromptRecord(id="g", prompt="Q?"), prompt_template="gsm8k")[0]["content"][0]["text"] == \
-        'Q? Let\'s think step by step and output the final answer after "####".'
-    assert build_messages(PromptRecord(id="c", prompt="Q?"), prompt_template="Question: {prompt}\nAnswer:")[0]["content"][0]["text"] == "Question: Q?\nAnswer:"
+    assert (
+        build_messages(PromptRecord(id="g", prompt="Q?"), prompt_template="gsm8k")[0]["content"][0]["text"]
+        == 'Q? Let\'s think step by step and output the final answer after "####".'
+    )
+    assert (
+        build_messages(PromptRecord(id="c", prompt="Q?"), prompt_template="Question: {prompt}\nAnswer:")[0]["content"][
+            0
+        ]["text"]
+        == "Question: Q?\nAnswer:"
+    )
     with pytest.raises(ValueError, match="neither a name in PROMPT_TEMPLATES"):
         build_messages(rec, prompt_template="no field here")
     # The record's own system prompt wins over the run-wide default.
     own = PromptRecord(id="s", prompt="Q?", system="Record system.")
     assert build_messages(own, system_prompt="Default.")[0]["content"][0]["text"] == "Record system."
     pair = PreferencePair(id="p", prompt="<image>Colour?", chosen="red", rejected="blue", images=[RED])
-    assert build_messages(pair, response=pair.chosen)[-1] == {"role": "assistant", "content": [{"type": "text", "text": "red"}]}
+    assert build_messages(pair, response=pair.chosen)[-1] == {
+        "role": "assistant",
+        "content": [{"type": "text", "text": "red"}],
+    }
     judgment = JudgmentRecord(id="j", prompt="<image>Is it red?", target="<answer>yes</answer>", images=[RED])
     assert [m["role"] for m in build_messages(judgment, response=judgment.target)] == ["user", "assistant"]
 
 
 @pytest.mark.parametrize("arch", ["qwen2_5_vl", "qwen2_vl"])
 def test_messages_render_through_the_tiny_processor_chat_template(tiny_model, arch):
-    import vlrft.models  # noqa: F401 - registers the image-only processors
     from transformers import AutoProcessor
+
+    import vlrft.models  # noqa: F401 - registers the image-only processors
 
     processor = AutoProcessor.from_pretrained(tiny_model(arch))
     rec = PromptRecord(id="a", prompt="Compare <image> with <image>: which is red?", images=[RED, BLUE])
     messages = build_messages(rec, system_prompt="Be brief.")
     text = processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     vision = "<|vision_start|><|image_pad|><|vision_end|>"
-    assert text == (f"<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nCompare {vision} with {vision}: "
-                    "which is red?<|im_end|>\n<|im_start|>assistant\n")  # fmt: skip
-    batch = processor(text=[text], images=[c["image"] for c in messages[1]["content"] if c["type"] == "image"], return_tensors="pt")
+    assert text == (
+        f"<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nCompare {vision} with {vision}: "
+        "which is red?<|im_end|>\n<|im_start|>assistant\n"
+    )
+    batch = processor(
+        text=[text], images=[c["image"] for c in messages[1]["content"] if c["type"] == "image"], return_tensors="pt"
+    )
     pad = processor.tokenizer.convert_tokens_to_ids("<|image_pad|>")
     assert batch["image_grid_thw"].tolist() == [[1, 4, 4], [1, 4, 8]]  # 56x56 -> 4 tokens, 56x112 -> 8 tokens
     assert batch["input_ids"][0].tolist().count(pad) == 4 + 8
@@ -88,16 +107,18 @@ def test_text_only_record_renders_through_text_model_tokenizer(tiny_model):
     tokenizer = AutoTokenizer.from_pretrained(tiny_model("qwen2"))
     messages = build_messages(PromptRecord(id="g", prompt="Tom has 3 apples.", answer="3"), prompt_template="gsm8k")
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    assert 'user\nTom has 3 apples. Let\'s think step by step and output the final answer after "####".<|im_end|>' in text
+    assert (
+        'user\nTom has 3 apples. Let\'s think step by step and output the final answer after "####".<|im_end|>' in text
+    )
     assert text.endswith("<|im_start|>assistant\n")
 
 
 @pytest.mark.parametrize("arch", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
 def test_loaded_images_are_sized_as_the_processor_sizes_them(tiny_model, tmp_path, arch):
     """load_image with the processor's bounds resizes exactly as the processor does, so it resizes no further."""
-    import vlrft.models  # noqa: F401
     from transformers import AutoProcessor
 
+    import vlrft.models  # noqa: F401
     from data_pipelines.images import image_bounds
     from data_pipelines.readers import read_records
     from vlrft.archs import ARCHS

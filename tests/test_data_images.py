@@ -31,7 +31,9 @@ def with_png_size(data: bytes, width: int, height: int) -> bytes:
 def gradient(w: int = 90, h: int = 60) -> Image.Image:
     x = np.linspace(0, 255, w, dtype=np.float64)[None, :, None]
     y = np.linspace(0, 255, h, dtype=np.float64)[:, None, None]
-    arr = np.concatenate([np.broadcast_to(x, (h, w, 1)), np.broadcast_to(y, (h, w, 1)), np.full((h, w, 1), 77.0)], axis=2)
+    arr = np.concatenate(
+        [np.broadcast_to(x, (h, w, 1)), np.broadcast_to(y, (h, w, 1)), np.full((h, w, 1), 77.0)], axis=2
+    )
     return Image.fromarray(arr.astype(np.uint8), "RGB")
 
 
@@ -84,7 +86,11 @@ def test_exif_orientation_is_applied(tmp_path):
         ("LA half", lambda: Image.new("LA", (56, 56), (0, 128)), (127, 127, 127)),
         ("L", lambda: Image.new("L", (56, 56), 200), (200, 200, 200)),
         ("1", lambda: Image.new("1", (56, 56), 1), (255, 255, 255)),
-        ("P", lambda: Image.new("RGB", (56, 56), (0, 200, 0)).convert("P", palette=Image.Palette.ADAPTIVE), (0, 200, 0)),
+        (
+            "P",
+            lambda: Image.new("RGB", (56, 56), (0, 200, 0)).convert("P", palette=Image.Palette.ADAPTIVE),
+            (0, 200, 0),
+        ),
         ("CMYK", lambda: Image.new("CMYK", (56, 56), (0, 255, 255, 0)), (255, 0, 0)),
         ("I;16", lambda: Image.fromarray(np.full((56, 56), 32896, np.uint16)), (128, 128, 128)),
         ("I", lambda: Image.fromarray(np.full((56, 56), 65535, np.int32), "I"), (255, 255, 255)),

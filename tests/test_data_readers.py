@@ -62,9 +62,11 @@ def test_jsonl_json_csv_parquet_give_the_same_records(folder):
     (folder / "wrapped.json").write_text(json.dumps({"version": 1, "data": ROWS}))
     (folder / "lines.json").write_text("\n".join(json.dumps(r) for r in ROWS))  # JSON Lines under .json
     csv_rows = ["id,prompt,images,answer,task,source_note"]
-    csv_rows += ['r0,<image>What colour is this?,"[""img/red.png""]",red,color,',
-                 'r1,Compare <image> with <image>.,"[""img/red.png"", ""img/blue.png""]",2,,',
-                 'r2,Text only: what is 2+2?,,4,,kept in metadata']  # fmt: skip
+    csv_rows += [
+        'r0,<image>What colour is this?,"[""img/red.png""]",red,color,',
+        'r1,Compare <image> with <image>.,"[""img/red.png"", ""img/blue.png""]",2,,',
+        "r2,Text only: what is 2+2?,,4,,kept in metadata",
+    ]
     (folder / "d.csv").write_text("\n".join(csv_rows) + "\n")
     pq.write_table(pa.Table.from_pylist([dict(full(r), answer=str(r["answer"])) for r in ROWS]), folder / "d.parquet")
     for name in ("d.jsonl", "d.json", "wrapped.json", "lines.json", "d.csv", "d.parquet"):
@@ -74,8 +76,17 @@ def test_jsonl_json_csv_parquet_give_the_same_records(folder):
 
 
 def test_parquet_with_image_bytes_and_folder_of_hub_layout_files(folder):
-    rows = [dict(full(r), answer=str(r["answer"]), images=[{"bytes": png(RED if "red" in p else BLUE, (56, 56) if "red" in p else (84, 56)), "path": p}
-                            for p in r.get("images", [])]) for r in ROWS]  # fmt: skip
+    rows = [
+        dict(
+            full(r),
+            answer=str(r["answer"]),
+            images=[
+                {"bytes": png(RED if "red" in p else BLUE, (56, 56) if "red" in p else (84, 56)), "path": p}
+                for p in r.get("images", [])
+            ],
+        )
+        for r in ROWS
+    ]
     (folder / "hub" / "data").mkdir(parents=True)
     pq.write_table(pa.Table.from_pylist(rows), folder / "hub" / "data" / "test-00000-of-00001.parquet")
     pq.write_table(pa.Table.from_pylist(rows[:1]), folder / "hub" / "data" / "train-00000-of-00001.parquet")
@@ -86,20 +97,35 @@ def test_parquet_with_image_bytes_and_folder_of_hub_layout_files(folder):
 
 def test_datasets_folder_with_image_features(tmp_path):
     red, blue = Image.new("RGB", (56, 56), RED), Image.new("RGB", (84, 56), BLUE)
-    features = datasets.Features({"id": datasets.Value("string"), "prompt": datasets.Value("string"),
-                                  "images": datasets.List(datasets.Image()), "answer": datasets.Value("string"),
-                                  "task": datasets.Value("string"), "source_note": datasets.Value("string")})  # fmt: skip
+    features = datasets.Features(
+        {
+            "id": datasets.Value("string"),
+            "prompt": datasets.Value("string"),
+            "images": datasets.List(datasets.Image()),
+            "answer": datasets.Value("string"),
+            "task": datasets.Value("string"),
+            "source_note": datasets.Value("string"),
+        }
+    )
     ds = datasets.Dataset.from_dict(
-        {"id": ["r0", "r1", "r2"], "prompt": [r["prompt"] for r in ROWS], "images": [[red], [red, blue], []],
-         "answer": ["red", "2", "4"], "task": ["color", None, None], "source_note": [None, None, "kept in metadata"]},
+        {
+            "id": ["r0", "r1", "r2"],
+            "prompt": [r["prompt"] for r in ROWS],
+            "images": [[red], [red, blue], []],
+            "answer": ["red", "2", "4"],
+            "task": ["color", None, None],
+            "source_note": [None, None, "kept in metadata"],
+        },
         features=features,
-    )  # fmt: skip
+    )
     ds.save_to_disk(str(tmp_path / "saved"))
     records, _ = read_records(tmp_path / "saved")
     check_records(records)
     # A single Image column named "image" (the alias of "images") and a DatasetDict with splits.
-    single = datasets.Dataset.from_dict({"question": ["<image>colour?"], "image": [red]},
-                                        features=datasets.Features({"question": datasets.Value("string"), "image": datasets.Image()}))  # fmt: skip
+    single = datasets.Dataset.from_dict(
+        {"question": ["<image>colour?"], "image": [red]},
+        features=datasets.Features({"question": datasets.Value("string"), "image": datasets.Image()}),
+    )
     datasets.DatasetDict({"train": single, "test": single}).save_to_disk(str(tmp_path / "dict"))
     with pytest.raises(DataError, match=r"split None not found; the dataset has \['test', 'train'\]"):
         read_records(tmp_path / "dict")
@@ -127,10 +153,15 @@ def test_column_map_aliases_and_messages(tmp_path):
     rows = [
         {"problem": "<image>Find x.", "image": "a.png", "solution": "5"},
         {"question": "2+2?", "answer": 4},
-        {"messages": [{"role": "system", "content": "Be brief."},
-                      {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Colour?"}]}],
-         "images": ["a.png"], "answer": "red"},
-    ]  # fmt: skip
+        {
+            "messages": [
+                {"role": "system", "content": "Be brief."},
+                {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Colour?"}]},
+            ],
+            "images": ["a.png"],
+            "answer": "red",
+        },
+    ]
     Image.new("RGB", (56, 56), RED).save(tmp_path / "a.png")
     (tmp_path / "d.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
     records, _ = read_records(tmp_path / "d.jsonl", column_map={"solution": "answer"})
@@ -138,11 +169,22 @@ def test_column_map_aliases_and_messages(tmp_path):
     assert [r.answer for r in records] == ["5", "4", "red"]
     assert records[2].system == "Be brief." and len(records[0].images) == 1
     # TRL's conversational form: `prompt` is itself a messages list; images inline or in `images`.
-    conversational = [{"prompt": [{"role": "user", "content": [{"type": "image", "image": "a.png"}, {"type": "text", "text": "Colour?"}]}]},
-                      {"prompt": [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Colour?"}]}], "images": ["a.png"]}]  # fmt: skip
+    conversational = [
+        {
+            "prompt": [
+                {"role": "user", "content": [{"type": "image", "image": "a.png"}, {"type": "text", "text": "Colour?"}]}
+            ]
+        },
+        {
+            "prompt": [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Colour?"}]}],
+            "images": ["a.png"],
+        },
+    ]
     (tmp_path / "c.jsonl").write_text("\n".join(json.dumps(r) for r in conversational))
     records, _ = read_records(tmp_path / "c.jsonl")
-    assert [r.prompt for r in records] == ["<image>Colour?"] * 2 and all(r.images[0].getpixel((0, 0)) == RED for r in records)
+    assert [r.prompt for r in records] == ["<image>Colour?"] * 2 and all(
+        r.images[0].getpixel((0, 0)) == RED for r in records
+    )
     # An explicit map wins over the aliases: "question" stays metadata when "q" is mapped to prompt.
     (tmp_path / "m.jsonl").write_text(json.dumps({"q": "hi", "question": "other"}))
     (rec,), _ = read_records(tmp_path / "m.jsonl", column_map={"q": "prompt"})
@@ -151,13 +193,32 @@ def test_column_map_aliases_and_messages(tmp_path):
 
 def test_preference_and_judgment_kinds(tmp_path):
     Image.new("RGB", (56, 56), RED).save(tmp_path / "a.png")
-    (tmp_path / "p.jsonl").write_text(json.dumps({"prompt": "<image>Colour?", "images": ["a.png"], "chosen": "red",
-                                                  "rejected": "blue", "margin": "1.5", "tie": "false"}))  # fmt: skip
+    (tmp_path / "p.jsonl").write_text(
+        json.dumps(
+            {
+                "prompt": "<image>Colour?",
+                "images": ["a.png"],
+                "chosen": "red",
+                "rejected": "blue",
+                "margin": "1.5",
+                "tie": "false",
+            }
+        )
+    )
     (pair,), _ = read_records(tmp_path / "p.jsonl", kind="preference")
-    assert isinstance(pair, PreferencePair) and (pair.chosen, pair.rejected, pair.margin, pair.tie) == ("red", "blue", 1.5, False)
+    assert isinstance(pair, PreferencePair) and (pair.chosen, pair.rejected, pair.margin, pair.tie) == (
+        "red",
+        "blue",
+        1.5,
+        False,
+    )
     (tmp_path / "j.csv").write_text('prompt,images,target\n"<image>Is it red?",a.png,<answer>yes</answer>\n')
     (judg,), _ = read_records(tmp_path / "j.csv", kind="judgment")
-    assert isinstance(judg, JudgmentRecord) and judg.target == "<answer>yes</answer>" and judg.images[0].getpixel((0, 0)) == RED
+    assert (
+        isinstance(judg, JudgmentRecord)
+        and judg.target == "<answer>yes</answer>"
+        and judg.images[0].getpixel((0, 0)) == RED
+    )
 
 
 @pytest.mark.timeout(60)
@@ -170,7 +231,13 @@ def test_hub_id_offline_fails_at_once_with_a_clear_error():
 
 
 def test_skip_report_counts_and_logs(tmp_path, caplog):
-    lines = [json.dumps({"prompt": "ok"}), json.dumps({"prompt": ""}), "{oops", json.dumps({"prompt": 3}), json.dumps({"prompt": ""})]
+    lines = [
+        json.dumps({"prompt": "ok"}),
+        json.dumps({"prompt": ""}),
+        "{oops",
+        json.dumps({"prompt": 3}),
+        json.dumps({"prompt": ""}),
+    ]
     (tmp_path / "d.jsonl").write_text("\n".join(lines))
     with caplog.at_level(logging.WARNING, logger="data_pipelines"):
         records, report = read_records(tmp_path / "d.jsonl", on_bad_record="skip")
@@ -190,22 +257,32 @@ def test_numeric_ids_and_answers_become_text(tmp_path):
 
 
 def test_filter_by_prompt_length_counts_image_tokens(tiny_model, tmp_path):
-    import vlrft.models  # noqa: F401 - registers the image-only processors
     from transformers import AutoProcessor
 
+    import vlrft.models  # noqa: F401 - registers the image-only processors
+
     processor = AutoProcessor.from_pretrained(tiny_model("qwen2_5_vl"))
-    small = PromptRecord(id="small", prompt="<image>Colour?", images=[Image.new("RGB", (56, 56), RED)])  # 4 image tokens
+    small = PromptRecord(
+        id="small", prompt="<image>Colour?", images=[Image.new("RGB", (56, 56), RED)]
+    )  # 4 image tokens
     big = PromptRecord(id="big", prompt="<image>Colour?", images=[Image.new("RGB", (112, 112), RED)])  # 16 image tokens
     text = PromptRecord(id="text", prompt="Colour?")
     n_small, n_big, n_text = (prompt_length(r, processor) for r in (small, big, text))
     assert n_big - n_small == 12  # same text, 16 - 4 image tokens
     assert n_small - n_text == 4 + 2  # 4 image tokens + <|vision_start|><|vision_end|>
-    assert n_text == len(processor.tokenizer.apply_chat_template([{"role": "user", "content": "Colour?"}],
-                                                                 add_generation_prompt=True, tokenize=True)["input_ids"])  # fmt: skip
+    assert n_text == len(
+        processor.tokenizer.apply_chat_template(
+            [{"role": "user", "content": "Colour?"}], add_generation_prompt=True, tokenize=True
+        )["input_ids"]
+    )
     report = SkipReport(source="test", read=3, kept=3)
     kept = filter_by_prompt_length([small, big, text], processor, n_small, on_bad_record="skip", report=report)
     assert [r.id for r in kept] == ["small", "text"] and report.counts == {"prompt too long": 1} and report.kept == 2
-    with pytest.raises(DataError, match=rf"record 'big' field 'prompt': prompt has {n_big} tokens \(image tokens included\) > max_prompt_length {n_small}"):
+    with pytest.raises(
+        DataError,
+        match=rf"record 'big' field 'prompt': prompt has {n_big} tokens \(image tokens included\) "
+        rf"> max_prompt_length {n_small}",
+    ):
         filter_by_prompt_length([small, big], processor, n_small)
     # Text-only records count with a bare tokenizer too; image records need the processor.
     assert filter_by_prompt_length([text], processor.tokenizer, n_text) == [text]

@@ -18,8 +18,13 @@ from data_pipelines.synthetic import (
     write_prompt_records,
 )
 
-TASK_OPTIONS = [("color", {}), ("color", {"mode": "object", "noise": 8}), ("shape", {"num_shapes": 8, "rotate": True}),
-                ("count_shapes", {"distractors": 3}), ("triangle_angle", {"angle_step": 1, "side_labels": True})]  # fmt: skip
+TASK_OPTIONS = [
+    ("color", {}),
+    ("color", {"mode": "object", "noise": 8}),
+    ("shape", {"num_shapes": 8, "rotate": True}),
+    ("count_shapes", {"distractors": 3}),
+    ("triangle_angle", {"angle_step": 1, "side_labels": True}),
+]
 
 
 @pytest.mark.parametrize("task,options", TASK_OPTIONS)
@@ -42,7 +47,10 @@ def test_color_images_have_the_named_colour_and_labels_are_balanced():
         assert (np.asarray(rec.images[0]) == COLORS[rec.answer]).all()
     assert Counter(r.answer for r in records) == {"red": 10, "green": 10, "blue": 10, "yellow": 10}
     eight = make_prompt_records("color", 16, seed=0, num_colors=8)
-    assert sorted(set(r.answer for r in eight)) == sorted(list(COLORS)[:8]) and eight[0].metadata["vocabulary"] == list(COLORS)[:8]
+    assert (
+        sorted(set(r.answer for r in eight)) == sorted(list(COLORS)[:8])
+        and eight[0].metadata["vocabulary"] == list(COLORS)[:8]
+    )
     chosen = make_prompt_records("color", 8, seed=0, colors=["red", "green", "brown", "pink"])
     assert Counter(r.answer for r in chosen) == {"red": 2, "green": 2, "brown": 2, "pink": 2}
     assert all((np.asarray(r.images[0]) == COLORS[r.answer]).all() for r in chosen)
@@ -118,9 +126,9 @@ def test_triangle_angle_answer_is_180_minus_the_labelled_angles():
 
 
 def test_triangle_geometry_has_the_stated_angles():
-    from data_pipelines.synthetic import _triangle
-
     import random
+
+    from data_pipelines.synthetic import _triangle
 
     for angles in ([30, 60, 90], [20, 20, 140], [71, 52, 57]):
         v = _triangle(angles, 224, random.Random(0))
@@ -137,7 +145,9 @@ def test_preference_pairs_prefer_the_right_answer(task):
     records = make_prompt_records(task, 10, seed=1)
     for pair, rec in zip(pairs, records):
         assert pair.chosen == f"<answer>{rec.answer}</answer>" and pair.rejected != pair.chosen
-        assert pair.metadata["wrong_answer"] in rec.metadata["vocabulary"] and pair.metadata["wrong_answer"] != rec.answer
+        assert (
+            pair.metadata["wrong_answer"] in rec.metadata["vocabulary"] and pair.metadata["wrong_answer"] != rec.answer
+        )
         assert pair.images[0].tobytes() == rec.images[0].tobytes()
 
 

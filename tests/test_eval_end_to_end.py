@@ -22,8 +22,6 @@ from vlrft.cli import main as vlrft_main
 REPO = Path(__file__).resolve().parents[1]
 
 
-
-
 class _Audit(HTMLParser):
     def __init__(self):
         super().__init__()
@@ -58,12 +56,17 @@ def test_geo3k_end_to_end_with_a_tiny_qwen2_5_vl_writes_all_outputs(tiny_model, 
     assert [r["id"] for r in rows] == [r.id for r in records]
     assert rows[0]["images"][0].endswith("train/11/img_diagram.png") and "<think>" in rows[0]["prompt"]
     resp = rows[0]["responses"][0]
-    assert set(resp) >= {"text", "extracted", "correct", "score", "format_ok", "num_tokens"} and 0 < resp["num_tokens"] <= 12
+    assert (
+        set(resp) >= {"text", "extracted", "correct", "score", "format_ok", "num_tokens"}
+        and 0 < resp["num_tokens"] <= 12
+    )
     audit = _audit(tmp_path / "report.html")
     assert len(audit.images) == 10 and all(src.startswith("data:image/png;base64,") for src in audit.images)
     assert not [u for u in audit.urls if not u.startswith("data:")], "the report must not reference anything outside"
     assert "link" not in audit.tags and "a" not in audit.tags
-    assert sum("problem" in c for c in audit.classes) == 10 and all(("right" in c) != ("wrong" in c) for c in audit.classes if "problem" in c)
+    assert sum("problem" in c for c in audit.classes) == 10 and all(
+        ("right" in c) != ("wrong" in c) for c in audit.classes if "problem" in c
+    )
     html = (tmp_path / "report.html").read_text()
     assert "show('right')" in html and "show('wrong')" in html and "http://" not in html and "https://" not in html
 
@@ -73,11 +76,27 @@ def test_killed_eval_resumes_to_the_same_metrics_as_an_uninterrupted_run(tiny_mo
     data = tmp_path / "gsm8k.jsonl"
     data.write_text("\n".join((shared_data / "gsm8k" / "test.jsonl").read_text().splitlines()[:64]) + "\n")
     killed = tmp_path / "killed"
-    args = ["--benchmark", "gsm8k", "--model", str(model_dir), "--data", str(data), "--max-new-tokens", "48",
-            "--batch-size", "1", "--no-progress"]  # fmt: skip
+    args = [
+        "--benchmark",
+        "gsm8k",
+        "--model",
+        str(model_dir),
+        "--data",
+        str(data),
+        "--max-new-tokens",
+        "48",
+        "--batch-size",
+        "1",
+        "--no-progress",
+    ]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "vlrft", "eval", *args, "--out", str(killed)], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "vlrft", "eval", *args, "--out", str(killed)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
     samples = killed / "samples.jsonl"
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and proc.poll() is None:
@@ -94,7 +113,11 @@ def test_killed_eval_resumes_to_the_same_metrics_as_an_uninterrupted_run(tiny_mo
 
     model, tokenizer = load_policy(model_dir)
     records = get_benchmark("gsm8k").load(data)
-    common = dict(max_new_tokens=48, batch_size=1, run_info={"model": str(model_dir), "data": str(data), "split": "test", "limit": None})
+    common = dict(
+        max_new_tokens=48,
+        batch_size=1,
+        run_info={"model": str(model_dir), "data": str(data), "split": "test", "limit": None},
+    )
     resumed = evaluate(model, tokenizer, records, "gsm8k", out_dir=killed, **common)
     fresh_dir = tmp_path / "fresh"
     fresh = evaluate(model, tokenizer, records, "gsm8k", out_dir=fresh_dir, **common)
@@ -121,17 +144,42 @@ def test_in_training_evaluate_is_seeded_and_leaves_the_trainer_state_alone(tiny_
 
 def test_cli_user_benchmark_and_compare(tiny_model, tmp_path, capsys):
     data = tmp_path / "colors.jsonl"
-    data.write_text("".join(json.dumps({"id": f"c{i}", "prompt": f"What colour is thing {i}?", "answer": c}) + "\n"
-                            for i, c in enumerate(["red", "blue", "green"])))  # fmt: skip
+    data.write_text(
+        "".join(
+            json.dumps({"id": f"c{i}", "prompt": f"What colour is thing {i}?", "answer": c}) + "\n"
+            for i, c in enumerate(["red", "blue", "green"])
+        )
+    )
     model = str(tiny_model("qwen2"))
     for name, n, temp in (("greedy", "1", "0"), ("sampled", "3", "1.0")):
-        rc = vlrft_main(["eval", "--benchmark", "colors", "--verifier", "exact_match", "--model", model, "--data",
-                         str(data), "--out", str(tmp_path / name), "--n", n, "--temperature", temp,
-                         "--max-new-tokens", "8", "--no-progress"])  # fmt: skip
+        rc = vlrft_main(
+            [
+                "eval",
+                "--benchmark",
+                "colors",
+                "--verifier",
+                "exact_match",
+                "--model",
+                model,
+                "--data",
+                str(data),
+                "--out",
+                str(tmp_path / name),
+                "--n",
+                n,
+                "--temperature",
+                temp,
+                "--max-new-tokens",
+                "8",
+                "--no-progress",
+            ]
+        )
         assert rc == 0 and (tmp_path / name / "report.html").is_file()
     assert json.loads((tmp_path / "greedy" / "metrics.json").read_text())["verifier"] == "exact_match"
     capsys.readouterr()
-    rc = vlrft_main(["eval", "--compare", str(tmp_path / "greedy"), str(tmp_path / "sampled"), "--out", str(tmp_path / "cmp")])
+    rc = vlrft_main(
+        ["eval", "--compare", str(tmp_path / "greedy"), str(tmp_path / "sampled"), "--out", str(tmp_path / "cmp")]
+    )
     printed = capsys.readouterr().out
     assert rc == 0 and "| run | benchmark |" in printed and "pass@3" in printed
     table = (tmp_path / "cmp" / "comparison.md").read_text().splitlines()
@@ -156,7 +204,9 @@ def test_prompt_records_with_relative_images(tiny_model, shared_data, tmp_path):
     import shutil
 
     shutil.copy(shared_data / "geo3k_examples" / "train" / "12" / "img_diagram.png", tmp_path / "d.png")
-    (tmp_path / "recs.jsonl").write_text(json.dumps({"id": "x", "prompt": "<image>Find x.", "images": ["d.png"], "answer": "13"}) + "\n")
+    (tmp_path / "recs.jsonl").write_text(
+        json.dumps({"id": "x", "prompt": "<image>Find x.", "images": ["d.png"], "answer": "13"}) + "\n"
+    )
     records = get_benchmark("mine", verifier="math_boxed").load(tmp_path / "recs.jsonl")
     assert records[0].images == [str(tmp_path / "d.png")]
     model, processor = load_policy(tiny_model("qwen2_5_vl"))
@@ -169,15 +219,24 @@ def test_evaluate_through_the_trainers_rollout_engine(arch, tiny_model, shared_d
     from vlrft.rollout import make_engine
 
     model, processor = load_policy(tiny_model(arch))
-    name, data, split = ("gsm8k", shared_data / "gsm8k" / "test.jsonl", "test") if arch == "qwen2" else \
-        ("geo3k", shared_data / "geo3k_examples", "train")  # fmt: skip
+    name, data, split = (
+        ("gsm8k", shared_data / "gsm8k" / "test.jsonl", "test")
+        if arch == "qwen2"
+        else ("geo3k", shared_data / "geo3k_examples", "train")
+    )
     records = get_benchmark(name).load(data, split=split)[:4]
     direct = evaluate(model, processor, records, name, max_new_tokens=12, batch_size=2, out_dir=tmp_path / "direct")
     engine = make_engine("hf", model, processor)
-    via = evaluate(model, processor, records, name, max_new_tokens=12, batch_size=2, out_dir=tmp_path / "engine", engine=engine)
-    texts = [[r["text"] for r in json.loads(line)["responses"]] for d in ("direct", "engine")
-             for line in (tmp_path / d / "samples.jsonl").read_text().splitlines()]  # fmt: skip
+    via = evaluate(
+        model, processor, records, name, max_new_tokens=12, batch_size=2, out_dir=tmp_path / "engine", engine=engine
+    )
+    texts = [
+        [r["text"] for r in json.loads(line)["responses"]]
+        for d in ("direct", "engine")
+        for line in (tmp_path / d / "samples.jsonl").read_text().splitlines()
+    ]
     assert texts[:4] == texts[4:] and direct == via
     sampled = evaluate(model, processor, records, name, n=3, temperature=1.0, max_new_tokens=8, engine=engine, seed=1)
-    assert sampled["n"] == 3 and sampled == evaluate(model, processor, records, name, n=3, temperature=1.0,
-                                                     max_new_tokens=8, engine=engine, seed=1)  # fmt: skip
+    assert sampled["n"] == 3 and sampled == evaluate(
+        model, processor, records, name, n=3, temperature=1.0, max_new_tokens=8, engine=engine, seed=1
+    )

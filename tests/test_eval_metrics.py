@@ -17,10 +17,18 @@ HF_METRICS = Path(__file__).resolve().parents[1] / "eval" / "hf_metrics"
 @pytest.mark.parametrize(
     "n,c,k,want",
     [
-        (5, 2, 1, 0.4), (5, 2, 2, 1 - 3 / 10), (5, 2, 3, 1 - 1 / 10), (5, 2, 4, 1.0), (5, 0, 3, 0.0),
-        (5, 5, 1, 1.0), (1, 1, 1, 1.0), (1, 0, 1, 0.0), (10, 3, 5, 1 - 21 / 252), (4, 1, 2, 0.5),
+        (5, 2, 1, 0.4),
+        (5, 2, 2, 1 - 3 / 10),
+        (5, 2, 3, 1 - 1 / 10),
+        (5, 2, 4, 1.0),
+        (5, 0, 3, 0.0),
+        (5, 5, 1, 1.0),
+        (1, 1, 1, 1.0),
+        (1, 0, 1, 0.0),
+        (10, 3, 5, 1 - 21 / 252),
+        (4, 1, 2, 0.5),
     ],
-)  # fmt: skip
+)
 def test_pass_at_k_hand_computed(n, c, k, want):
     assert pass_at_k(n, c, k) == pytest.approx(want, abs=1e-15)
 
@@ -29,7 +37,9 @@ def test_pass_at_k_equals_chen_closed_form_and_brute_force():
     for n in range(1, 9):
         for c in range(0, n + 1):
             for k in range(1, n + 1):
-                closed = 1.0 if n - c < k else 1.0 - float(np.prod(1.0 - k / np.arange(n - c + 1, n + 1, dtype=np.float64)))
+                closed = (
+                    1.0 if n - c < k else 1.0 - float(np.prod(1.0 - k / np.arange(n - c + 1, n + 1, dtype=np.float64)))
+                )
                 samples = [1] * c + [0] * (n - c)  # the definition: P(some of k drawn without replacement is right)
                 subsets = list(itertools.combinations(range(n), k))
                 brute = sum(any(samples[i] for i in s) for s in subsets) / len(subsets)
@@ -58,8 +68,13 @@ def test_majority_vote_tie_rule_first_voted_answer_wins():
 def _row(pid, flags, keys=None, fmt=None):
     keys = keys or [str(int(f)) for f in flags]
     fmt = fmt or [True] * len(flags)
-    return {"id": pid, "responses": [{"correct": f, "format_ok": o, "vote_key": k, "num_chars": 10 * (i + 1), "num_tokens": i + 1}
-                                     for i, (f, k, o) in enumerate(zip(flags, keys, fmt))]}  # fmt: skip
+    return {
+        "id": pid,
+        "responses": [
+            {"correct": f, "format_ok": o, "vote_key": k, "num_chars": 10 * (i + 1), "num_tokens": i + 1}
+            for i, (f, k, o) in enumerate(zip(flags, keys, fmt))
+        ],
+    }
 
 
 def test_summarize_hand_computed():
@@ -105,5 +120,7 @@ def test_metrics_as_evaluate_modules_loaded_from_a_local_path():
     assert out == {"maj@1": 0.5, "maj@2": 0.5, "maj@3": 0.5}  # 2nd: blue/green tie -> blue (first) wrong
 
     rv = evaluate.load(str(HF_METRICS / "rule_verifier"))
-    out = rv.compute(predictions=[["#### 18", "#### 17"], ["#### 3", "#### 3"]], references=["18", "3"], verifier="gsm8k")
+    out = rv.compute(
+        predictions=[["#### 18", "#### 17"], ["#### 3", "#### 3"]], references=["18", "3"], verifier="gsm8k"
+    )
     assert out["accuracy"] == 0.75 and out["pass@2"] == 1.0 and out["maj@2"] == 1.0 and out["format_rate"] == 1.0

@@ -43,9 +43,22 @@ def test_report_escapes_model_text_and_links_nothing():
 def test_compare_runs_table(tmp_path):
     for name, acc in (("a", 0.25), ("b", 0.5)):
         (tmp_path / name).mkdir()
-        (tmp_path / name / "metrics.json").write_text(json.dumps(
-            {"benchmark": "gsm8k", "num_problems": 4, "n": 2, "accuracy": acc, "accuracy_ci95": [0.0, 1.0],
-             "pass@1": acc, "pass@2": 0.5, "maj@1": acc, "maj@2": acc, "format_rate": 1.0}))  # fmt: skip
+        (tmp_path / name / "metrics.json").write_text(
+            json.dumps(
+                {
+                    "benchmark": "gsm8k",
+                    "num_problems": 4,
+                    "n": 2,
+                    "accuracy": acc,
+                    "accuracy_ci95": [0.0, 1.0],
+                    "pass@1": acc,
+                    "pass@2": 0.5,
+                    "maj@1": acc,
+                    "maj@2": acc,
+                    "format_rate": 1.0,
+                }
+            )
+        )
     table, rows = compare_runs([tmp_path / "a", tmp_path / "b"])
     lines = table.splitlines()
     assert lines[0].startswith("| run | benchmark | num_problems | n | accuracy |") and "pass@2" in lines[0]

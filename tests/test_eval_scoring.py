@@ -30,8 +30,10 @@ def test_gsm8k_solutions_of_the_wrong_problem_score_under_1_percent(gsm8k_test):
     assert [row["num_correct"] == 1 for row in rows] == same_gold
     assert sum(same_gold) == 15 and metrics["accuracy"] == pytest.approx(15 / 1319)
     # shifted to the next problem with another gold: a wrong problem's solution is never accepted
-    wrong = [next(gsm8k_test[(i + j) % 1319] for j in range(1, 1319) if golds[(i + j) % 1319] != golds[i])
-             for i in range(1319)]  # fmt: skip
+    wrong = [
+        next(gsm8k_test[(i + j) % 1319] for j in range(1, 1319) if golds[(i + j) % 1319] != golds[i])
+        for i in range(1319)
+    ]
     metrics, _ = score_records(gsm8k_test, [[w.metadata["solution"]] for w in wrong], "gsm8k")
     assert metrics["accuracy"] == 0.0 < 0.01
 
@@ -56,16 +58,22 @@ def test_geo3k_right_choice_in_boxed_scores_100_and_wrong_choices_0(geo3k):
     metrics, _ = score_records(geo3k, right, "geo3k")
     assert metrics["accuracy"] == 1.0 and metrics["format_rate"] == 1.0
     for wrong_index in range(3):  # each of the three wrong choices, in turn
-        wrong = [[f"<think>r</think> \\boxed{{{[c for c in r.metadata['choices'] if c.strip() != r.answer][wrong_index]}}}"]
-                 for r in geo3k]  # fmt: skip
+        wrong = [
+            [f"<think>r</think> \\boxed{{{[c for c in r.metadata['choices'] if c.strip() != r.answer][wrong_index]}}}"]
+            for r in geo3k
+        ]
         metrics, _ = score_records(geo3k, wrong, "geo3k")
         assert metrics["accuracy"] == 0.0, wrong_index
 
 
 def test_geo3k_equivalent_forms_of_the_right_choice(geo3k):
     by_answer = {r.answer: r for r in geo3k}
-    cases = [("5 \\sqrt { 3 }", "5\\sqrt{3}"), ("\\frac { 2 \\sqrt { 2 } } { 5 }", "\\frac{2\\sqrt2}{5}"),
-             ("13", "13.0"), ("120", "120^\\circ")]  # fmt: skip
+    cases = [
+        ("5 \\sqrt { 3 }", "5\\sqrt{3}"),
+        ("\\frac { 2 \\sqrt { 2 } } { 5 }", "\\frac{2\\sqrt2}{5}"),
+        ("13", "13.0"),
+        ("120", "120^\\circ"),
+    ]
     recs = [by_answer[a] for a, _ in cases]
     metrics, _ = score_records(recs, [[f"\\boxed{{{form}}}"] for _, form in cases], "geo3k")
     assert metrics["accuracy"] == 1.0

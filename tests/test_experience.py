@@ -11,13 +11,16 @@ from vlrft.trainer.experience import Experience, response_logprobs, response_ten
 
 
 def test_response_logprobs_match_direct_computation(tiny_model):
-    import vlrft.models  # noqa: F401
     from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    import vlrft.models  # noqa: F401
 
     path = tiny_model("qwen2_5_vl")
     model, proc = AutoModelForImageTextToText.from_pretrained(path).eval(), AutoProcessor.from_pretrained(path)
-    recs = [PromptRecord(id="a", prompt="<image> colour?", images=[Image.new("RGB", (56, 56), (0, 0, 255))]),
-            PromptRecord(id="b", prompt="A longer text-only prompt with more tokens in it.")]  # fmt: skip
+    recs = [
+        PromptRecord(id="a", prompt="<image> colour?", images=[Image.new("RGB", (56, 56), (0, 0, 255))]),
+        PromptRecord(id="b", prompt="A longer text-only prompt with more tokens in it."),
+    ]
     prompts = [encode_prompt(proc, r) for r in recs]
     responses = [torch.tensor([11, 12, 13, 14]), torch.tensor([21]), torch.tensor([31, 32])]
     index = [0, 1, 0]

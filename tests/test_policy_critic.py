@@ -19,18 +19,35 @@ from vlrft.trainer.run import load_policy
 
 def test_critic_fits_returns_and_gae_uses_its_values(tiny_model, tmp_path):
     path = tiny_model("qwen2_5_vl")
-    cfg = load_config(PolicyTrainConfig, None, [
-        "algorithm.advantage_estimator=gae", "algorithm.lam=0.95", "algorithm.std_normalization=none",
-        "rollout.rollout_batch_size=4", "rollout.n_samples_per_prompt=2", "optim.lr=1e-4", "critic.lr=1e-3",
-        "algorithm.value_clip=0",
-        f"train.output_dir={tmp_path}",
-    ])  # fmt: skip
+    cfg = load_config(
+        PolicyTrainConfig,
+        None,
+        [
+            "algorithm.advantage_estimator=gae",
+            "algorithm.lam=0.95",
+            "algorithm.std_normalization=none",
+            "rollout.rollout_batch_size=4",
+            "rollout.n_samples_per_prompt=2",
+            "optim.lr=1e-4",
+            "critic.lr=1e-3",
+            "algorithm.value_clip=0",
+            f"train.output_dir={tmp_path}",
+        ],
+    )
     strategy = make_strategy(cfg.strategy, cfg.optim)
     model, proc = load_policy(str(path))
     critic = (ScalarRewardModel.from_backbone(path), make_strategy(cfg.strategy, cfg.optim.__class__(lr=cfg.critic.lr)))
     records = make_prompt_records("color", 4, seed=3)
-    trainer = PolicyTrainer(cfg, strategy, model, proc, records, RewardPool(cfg.reward),
-                            accuracy=("accuracy", "vocab_answer"), critic=critic)  # fmt: skip
+    trainer = PolicyTrainer(
+        cfg,
+        strategy,
+        model,
+        proc,
+        records,
+        RewardPool(cfg.reward),
+        accuracy=("accuracy", "vocab_answer"),
+        critic=critic,
+    )
     tok = proc.tokenizer
     rollouts = []
     for i, rec in enumerate(records):

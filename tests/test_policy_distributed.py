@@ -25,8 +25,17 @@ def _run(args, nproc):
     if nproc == 1:
         cmd = [sys.executable, str(SCRIPT), *args]
     else:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port",
-               str(29500 + os.getpid() % 1000), str(SCRIPT), *args]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            str(nproc),
+            "--master_port",
+            str(29500 + os.getpid() % 1000),
+            str(SCRIPT),
+            *args,
+        ]
     res = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=600)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-6000:]
 
@@ -62,12 +71,30 @@ def test_train_policy_runs_under_torchrun(tiny_model, tmp_path, strategy, stage)
     """Generation on sharded parameters (lockstep), held-out eval, checkpoint and export under torchrun."""
     import json
 
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-           str(29700 + os.getpid() % 1000), "-m", "vlrft", "train-policy", f"model.path={tiny_model('qwen2_5_vl')}",
-           f"train.output_dir={tmp_path}", f"strategy.name={strategy}", f"strategy.zero_stage={stage}",
-           "train.max_steps=2", "data.synthetic_eval_size=6", "rollout.rollout_batch_size=4",
-           "rollout.n_samples_per_prompt=4", "rollout.max_new_tokens=4", "logging.wandb=disabled",
-           "logging.tensorboard=false", "logging.progress_bar=false"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        str(29700 + os.getpid() % 1000),
+        "-m",
+        "vlrft",
+        "train-policy",
+        f"model.path={tiny_model('qwen2_5_vl')}",
+        f"train.output_dir={tmp_path}",
+        f"strategy.name={strategy}",
+        f"strategy.zero_stage={stage}",
+        "train.max_steps=2",
+        "data.synthetic_eval_size=6",
+        "rollout.rollout_batch_size=4",
+        "rollout.n_samples_per_prompt=4",
+        "rollout.max_new_tokens=4",
+        "logging.wandb=disabled",
+        "logging.tensorboard=false",
+        "logging.progress_bar=false",
+    ]
     res = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=900)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-6000:]
     summary = json.loads((tmp_path / "summary.json").read_text())

@@ -38,9 +38,19 @@ def _assert_learned(summary: dict, out: Path) -> None:
 
 
 def _config(tmp_path: Path, model_dir: Path, *extra_files: Path, overrides: tuple = ()) -> PolicyTrainConfig:
-    return load_config(PolicyTrainConfig, [DEMO_CONFIG, *extra_files],
-                       [f"model.path={model_dir}", f"train.output_dir={tmp_path}", "train.eval_every=0",
-                        "logging.tensorboard=false", "logging.wandb=disabled", "logging.progress_bar=false", *overrides])  # fmt: skip
+    return load_config(
+        PolicyTrainConfig,
+        [DEMO_CONFIG, *extra_files],
+        [
+            f"model.path={model_dir}",
+            f"train.output_dir={tmp_path}",
+            "train.eval_every=0",
+            "logging.tensorboard=false",
+            "logging.wandb=disabled",
+            "logging.progress_bar=false",
+            *overrides,
+        ],
+    )
 
 
 def test_grpo_learns_to_name_colours_from_scratch(tiny_model, tmp_path):
@@ -49,13 +59,20 @@ def test_grpo_learns_to_name_colours_from_scratch(tiny_model, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("recipe, overrides", [
-    ("dapo", ("algorithm.overlong_buffer_len=0",)),
-    ("gspo", ("train.train_batch_size=128",)),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "recipe, overrides",
+    [
+        ("dapo", ("algorithm.overlong_buffer_len=0",)),
+        ("gspo", ("train.train_batch_size=128",)),
+    ],
+)
 def test_recipe_learns_to_name_colours(recipe, overrides, tiny_model, tmp_path):
-    cfg = _config(tmp_path, tiny_model("qwen2_5_vl"), RECIPES / f"{recipe}.yaml",
-                  overrides=("rollout.n_samples_per_prompt=32", "train.max_steps=200", *overrides))  # fmt: skip
+    cfg = _config(
+        tmp_path,
+        tiny_model("qwen2_5_vl"),
+        RECIPES / f"{recipe}.yaml",
+        overrides=("rollout.n_samples_per_prompt=32", "train.max_steps=200", *overrides),
+    )
     _assert_learned(train_policy(cfg), tmp_path)
 
 
@@ -63,11 +80,27 @@ def test_recipe_learns_to_name_colours(recipe, overrides, tiny_model, tmp_path):
 @pytest.mark.distributed
 @pytest.mark.parametrize("strategy", ["fsdp2", "deepspeed"])
 def test_distributed_strategy_learns(strategy, tiny_model, tmp_path):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-           str(29600 + os.getpid() % 1000), "-m", "vlrft", "train-policy", str(DEMO_CONFIG),
-           f"model.path={tiny_model('qwen2_5_vl')}", f"train.output_dir={tmp_path}", "train.eval_every=0",
-           f"strategy.name={strategy}", "strategy.zero_stage=2", "logging.tensorboard=false", "logging.wandb=disabled",
-           "logging.progress_bar=false"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        str(29600 + os.getpid() % 1000),
+        "-m",
+        "vlrft",
+        "train-policy",
+        str(DEMO_CONFIG),
+        f"model.path={tiny_model('qwen2_5_vl')}",
+        f"train.output_dir={tmp_path}",
+        "train.eval_every=0",
+        f"strategy.name={strategy}",
+        "strategy.zero_stage=2",
+        "logging.tensorboard=false",
+        "logging.wandb=disabled",
+        "logging.progress_bar=false",
+    ]
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
     res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3000)
     assert res.returncode == 0, res.stderr[-5000:]

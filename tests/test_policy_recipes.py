@@ -14,9 +14,18 @@ from vlrft.trainer.config import PolicyTrainConfig
 from vlrft.trainer.run import train_policy
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "policy"
-SMALL = ["data.synthetic_train_size=8", "data.synthetic_eval_size=4", "rollout.rollout_batch_size=2",
-         "rollout.max_new_tokens=4", "train.max_steps=2", "train.eval_every=0", "logging.tensorboard=false",
-         "logging.wandb=disabled", "logging.progress_bar=false", "optim.lr=1e-3"]  # fmt: skip
+SMALL = [
+    "data.synthetic_train_size=8",
+    "data.synthetic_eval_size=4",
+    "rollout.rollout_batch_size=2",
+    "rollout.max_new_tokens=4",
+    "train.max_steps=2",
+    "train.eval_every=0",
+    "logging.tensorboard=false",
+    "logging.wandb=disabled",
+    "logging.progress_bar=false",
+    "optim.lr=1e-3",
+]
 
 
 def _check_run(out: Path, steps: int = 2) -> list[dict]:
@@ -24,8 +33,17 @@ def _check_run(out: Path, steps: int = 2) -> list[dict]:
     train_rows = [r for r in rows if "reward/combined" in r]
     assert [r["step"] for r in train_rows] == list(range(1, steps + 1))
     for r in train_rows:
-        for key in ("reward/combined", "entropy", "grad_norm", "policy/clip_fraction", "frac_reward_zero_std",
-                    "response_length/mean", "time/rollout", "time/update", "lr"):  # fmt: skip
+        for key in (
+            "reward/combined",
+            "entropy",
+            "grad_norm",
+            "policy/clip_fraction",
+            "frac_reward_zero_std",
+            "response_length/mean",
+            "time/rollout",
+            "time/update",
+            "lr",
+        ):
             assert key in r and math.isfinite(r[key]), key
     assert (out / "final" / "model.safetensors").is_file() and (out / "curves.png").is_file()
     assert (out / "config.yaml").is_file() and (out / "samples.jsonl").is_file()
@@ -35,8 +53,11 @@ def _check_run(out: Path, steps: int = 2) -> list[dict]:
 @pytest.mark.parametrize("recipe", sorted(p.stem for p in CONFIGS.glob("*.yaml")))
 def test_recipe_runs(recipe, tiny_model, tmp_path):
     extra = ["train.train_batch_size=8"] if recipe == "gspo" else []  # several updates per rollout batch
-    cfg = load_config(PolicyTrainConfig, CONFIGS / f"{recipe}.yaml",
-                      [f"model.path={tiny_model('qwen2_5_vl')}", f"train.output_dir={tmp_path}", *SMALL, *extra])  # fmt: skip
+    cfg = load_config(
+        PolicyTrainConfig,
+        CONFIGS / f"{recipe}.yaml",
+        [f"model.path={tiny_model('qwen2_5_vl')}", f"train.output_dir={tmp_path}", *SMALL, *extra],
+    )
     summary = train_policy(cfg)
     rows = _check_run(tmp_path)
     assert summary["steps"] == 2
@@ -56,11 +77,21 @@ def test_text_only_qwen2_on_gsm8k_records(tiny_model, tmp_path, shared_data):
     records, _ = convert_gsm8k(shared_data / "gsm8k" / "test.jsonl", split="test")
     records = records[:8]
     data = write_records(records, tmp_path / "gsm8k.jsonl")
-    cfg = load_config(PolicyTrainConfig, None, [
-        f"model.path={tiny_model('qwen2')}", f"train.output_dir={tmp_path / 'run'}", f"data.train_source={data}",
-        f"data.eval_source={data}", "data.prompt_template=gsm8k", "reward.sources=[{name: accuracy, verifier: gsm8k}]",
-        *SMALL, "logging.tensorboard=true", "logging.wandb=offline",
-    ])  # fmt: skip
+    cfg = load_config(
+        PolicyTrainConfig,
+        None,
+        [
+            f"model.path={tiny_model('qwen2')}",
+            f"train.output_dir={tmp_path / 'run'}",
+            f"data.train_source={data}",
+            f"data.eval_source={data}",
+            "data.prompt_template=gsm8k",
+            "reward.sources=[{name: accuracy, verifier: gsm8k}]",
+            *SMALL,
+            "logging.tensorboard=true",
+            "logging.wandb=offline",
+        ],
+    )
     summary = train_policy(cfg)
     _check_run(tmp_path / "run")
     assert list((tmp_path / "run" / "tensorboard").glob("events.out.tfevents.*"))

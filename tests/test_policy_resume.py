@@ -16,12 +16,29 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _cmd(model_dir: Path, out: Path) -> list[str]:
-    return [sys.executable, "-m", "vlrft", "train-policy",
-            f"model.path={model_dir}", f"train.output_dir={out}", "data.eval_source=''",
-            "data.synthetic_train_size=20", "rollout.rollout_batch_size=4", "rollout.n_samples_per_prompt=4",
-            "rollout.max_new_tokens=4", "train.max_steps=12", "train.save_every=1", "train.keep_last=2",
-            "train.micro_train_batch_size=8", "train.train_batch_size=8", "train.max_epochs=2",
-            "optim.lr=1e-3", "logging.tensorboard=false", "logging.wandb=disabled", "logging.progress_bar=false"]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "vlrft",
+        "train-policy",
+        f"model.path={model_dir}",
+        f"train.output_dir={out}",
+        "data.eval_source=''",
+        "data.synthetic_train_size=20",
+        "rollout.rollout_batch_size=4",
+        "rollout.n_samples_per_prompt=4",
+        "rollout.max_new_tokens=4",
+        "train.max_steps=12",
+        "train.save_every=1",
+        "train.keep_last=2",
+        "train.micro_train_batch_size=8",
+        "train.train_batch_size=8",
+        "train.max_epochs=2",
+        "optim.lr=1e-3",
+        "logging.tensorboard=false",
+        "logging.wandb=disabled",
+        "logging.progress_bar=false",
+    ]
 
 
 def _env():

@@ -7,7 +7,6 @@ import runpy
 import shutil
 from pathlib import Path
 
-
 REPO = Path(__file__).resolve().parents[1]
 
 

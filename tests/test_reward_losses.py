@@ -58,7 +58,11 @@ def test_rao_kupper_matches_hand_values_and_probabilities_sum_to_one():
 def test_gradients_match_closed_form_and_gradcheck():
     c, r = _t(CHOSEN, grad=True), _t(REJECTED, grad=True)
     bradley_terry_loss(c, r, margin=_t(MARGIN)).sum().backward()
-    d_minus_m = torch.tensor(CHOSEN, dtype=torch.float64) - torch.tensor(REJECTED, dtype=torch.float64) - torch.tensor(MARGIN, dtype=torch.float64)
+    d_minus_m = (
+        torch.tensor(CHOSEN, dtype=torch.float64)
+        - torch.tensor(REJECTED, dtype=torch.float64)
+        - torch.tensor(MARGIN, dtype=torch.float64)
+    )
     # d/dc [-log sigma(d - m)] = -sigma(m - d); d/dr is the opposite
     assert torch.allclose(c.grad, -torch.sigmoid(-d_minus_m), atol=1e-12)
     assert torch.allclose(r.grad, torch.sigmoid(-d_minus_m), atol=1e-12)
@@ -128,7 +132,9 @@ def test_parse_judgment_table(text, mode, expected):
 
 def test_parser_counts_unparsable_and_returns_the_default():
     parser = JudgmentParser(default=-1.0)
-    rewards = [parser.reward(t) for t in ["<answer>yes</answer>", "garbage", "<answer>no</answer>", "<answer>?</answer>"]]
+    rewards = [
+        parser.reward(t) for t in ["<answer>yes</answer>", "garbage", "<answer>no</answer>", "<answer>?</answer>"]
+    ]
     assert rewards == [1.0, -1.0, 0.0, -1.0]
     assert (parser.n_total, parser.n_unparsable) == (4, 2)
     assert parser.examples == ["garbage", "<answer>?</answer>"]

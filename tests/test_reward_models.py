@@ -13,16 +13,15 @@ from reward_models.generative import GenerativeRewardModel, pointwise_judgment_r
 from reward_models.scalar import HEAD_CONFIG, ScalarRewardModel, score_responses
 
 
-
-
 def _items(n=3):
     recs = make_prompt_records("color", n, seed=2, num_colors=4)
     texts = ["red", "the colour is green", "blue, I think, or maybe yellow"]
     return [(r.prompt, r.images, texts[i % 3], None) for i, r in enumerate(recs)]
 
 
-@pytest.mark.parametrize("arch, pooling", [("qwen2_5_vl", "last_token"), ("qwen2_5_vl", "attention"),
-                                           ("qwen2", "last_token")])  # fmt: skip
+@pytest.mark.parametrize(
+    "arch, pooling", [("qwen2_5_vl", "last_token"), ("qwen2_5_vl", "attention"), ("qwen2", "last_token")]
+)
 def test_srm_save_reload_and_padding_invariance(tiny_model, tmp_path, arch, pooling):
     base = tiny_model(arch)
     proc = load_processor(base)
@@ -57,8 +56,10 @@ def test_sft_labels_cover_only_the_target_and_verdict_mask_the_verdict(tiny_mode
     proc = load_processor(tiny_model("qwen2_5_vl"))
     tok = tokenizer_of(proc)
     recs = make_prompt_records("color", 2, seed=0, num_colors=2)
-    judgments = [pointwise_judgment_record(recs[0], "red", True),
-                 pointwise_judgment_record(recs[1], "green", False, rationale="The image shows red.")]  # fmt: skip
+    judgments = [
+        pointwise_judgment_record(recs[0], "red", True),
+        pointwise_judgment_record(recs[1], "green", False, rationale="The image shows red."),
+    ]
     batch = encode_sft(proc, [(j.prompt, j.images, j.target, j.system) for j in judgments])
     for i, j in enumerate(judgments):
         labelled = batch["labels"][i][batch["labels"][i] != -100]

@@ -17,9 +17,6 @@ from reward_models.scalar import ScalarRewardModel, score_responses
 from vlrft.config import ConfigError, load_config
 
 
-
-
-
 @pytest.fixture(scope="module")
 def srm_dir(tiny_model, tmp_path_factory):
     base = tiny_model("qwen2_5_vl")
@@ -36,11 +33,23 @@ def grm_dir(tiny_model, tmp_path_factory):
     out = tmp_path_factory.mktemp("pool") / "grm_run"
     prompts = make_prompt_records("color", 32, seed=7, num_colors=2)
     records = [pointwise_judgment_record(r, cand, correct=cand == "red") for r in prompts for cand in ("red", "green")]
-    cfg = load_config(RewardModelTrainConfig, None, [
-        "model.kind=grm", f"model.path={tiny_model('qwen2_5_vl')}", f"train.output_dir={out}",
-        "train.max_steps=90", "train.batch_size=8", "optim.lr=3e-3", "train.eval_every=0", "train.log_every=20",
-        "logging.wandb=disabled", "logging.tensorboard=false", "logging.progress_bar=false",
-    ])  # fmt: skip
+    cfg = load_config(
+        RewardModelTrainConfig,
+        None,
+        [
+            "model.kind=grm",
+            f"model.path={tiny_model('qwen2_5_vl')}",
+            f"train.output_dir={out}",
+            "train.max_steps=90",
+            "train.batch_size=8",
+            "optim.lr=3e-3",
+            "train.eval_every=0",
+            "train.log_every=20",
+            "logging.wandb=disabled",
+            "logging.tensorboard=false",
+            "logging.progress_bar=false",
+        ],
+    )
     metrics = train_reward_model(cfg, (records, records[:16]))
     assert metrics["eval/judgment_accuracy"] == 1.0
     return out / "model"
@@ -57,13 +66,19 @@ def _batch():
 
 
 def _pool_cfg(srm_dir, grm_dir, offload=True, **extra) -> RewardPoolConfig:
-    return load_config(RewardPoolConfig, None, [
-        "sources=[{name: exact, kind: verifier, verifier: exact_match, weight: 1.0},"
-        f" {{name: srm, kind: srm, path: '{srm_dir}', weight: 0.5, micro_batch_size: 4}},"
-        f" {{name: judge, kind: grm, path: '{grm_dir}', weight: 2.0, micro_batch_size: 3}}]",
-        "recipes={color: {exact: 1.0, srm: 0.5, judge: 2.0}, default: {exact: 1.0}}",
-        f"offload={str(offload).lower()}", "device=cpu",
-    ] + [f"{k}={v}" for k, v in extra.items()])  # fmt: skip
+    return load_config(
+        RewardPoolConfig,
+        None,
+        [
+            "sources=[{name: exact, kind: verifier, verifier: exact_match, weight: 1.0},"
+            f" {{name: srm, kind: srm, path: '{srm_dir}', weight: 0.5, micro_batch_size: 4}},"
+            f" {{name: judge, kind: grm, path: '{grm_dir}', weight: 2.0, micro_batch_size: 3}}]",
+            "recipes={color: {exact: 1.0, srm: 0.5, judge: 2.0}, default: {exact: 1.0}}",
+            f"offload={str(offload).lower()}",
+            "device=cpu",
+        ]
+        + [f"{k}={v}" for k, v in extra.items()],
+    )
 
 
 def test_three_sources_documented_values_and_offload(srm_dir, grm_dir):
@@ -79,7 +94,9 @@ def test_three_sources_documented_values_and_offload(srm_dir, grm_dir):
     assert out.per_source["judge"].tolist()[:4] == judge[:4] and math.isnan(out.per_source["judge"][4])
     # the SRM's values equal scoring the same conversations directly; NaN where the recipe leaves it out
     model, proc = ScalarRewardModel.from_pretrained(srm_dir), load_processor(srm_dir)
-    direct = score_responses(model, proc, [(r.prompt, r.images, x, r.system) for r, x in zip(records[:4], responses[:4])])
+    direct = score_responses(
+        model, proc, [(r.prompt, r.images, x, r.system) for r, x in zip(records[:4], responses[:4])]
+    )
     assert torch.allclose(out.per_source["srm"][:4], direct, atol=1e-5)
     assert torch.isnan(out.per_source["srm"][4:]).all()
     # combined = 1.0 * exact + 0.5 * srm + 2.0 * judge on the colour task; exact alone on 'other'
@@ -99,7 +116,9 @@ def test_three_sources_documented_values_and_offload(srm_dir, grm_dir):
     for _ in range(2):
         again = resident.score(records, responses)
         for name in out.per_source:
-            assert torch.equal(torch.nan_to_num(again.per_source[name], 7.0), torch.nan_to_num(out.per_source[name], 7.0))
+            assert torch.equal(
+                torch.nan_to_num(again.per_source[name], 7.0), torch.nan_to_num(out.per_source[name], 7.0)
+            )
         assert torch.equal(again.combined, out.combined)
     for name in ("srm", "judge"):
         src = resident.sources[name]
@@ -119,8 +138,14 @@ def test_failing_source_raises_with_its_name_unless_a_fallback_is_set():
     cfg = load_config(RewardPoolConfig, None, ["sources=[{name: gsm, kind: verifier, verifier: gsm8k}]"])
     with pytest.raises(RewardSourceError, match="reward source 'gsm' \\(verifier\\) failed"):
         RewardPool(cfg).score(records, ["#### 4", "#### 5"])
-    cfg = load_config(RewardPoolConfig, None, ["sources=[{name: gsm, kind: verifier, verifier: gsm8k, fallback: -1.0},"
-                                               " {name: fmt, kind: verifier, verifier: format, weight: 0.5}]"])  # fmt: skip
+    cfg = load_config(
+        RewardPoolConfig,
+        None,
+        [
+            "sources=[{name: gsm, kind: verifier, verifier: gsm8k, fallback: -1.0},"
+            " {name: fmt, kind: verifier, verifier: format, weight: 0.5}]"
+        ],
+    )
     out = RewardPool(cfg).score(records, ["#### 4", "<think>a</think> \\boxed{5}"])
     assert out.per_source["gsm"].tolist() == [-1.0, -1.0]
     assert out.metrics["reward/gsm/failures"] == 2
@@ -141,9 +166,14 @@ def test_bad_pool_configs_are_refused():
 
 def test_verifier_options_and_per_sample_extra_reach_the_verifier():
     """length_penalty (DAPO eq. 13) with L_max 10, L_cache 4 and token lengths passed per sample."""
-    cfg = load_config(RewardPoolConfig, None, [
-        "sources=[{name: len, kind: verifier, verifier: length_penalty, weight: 0.5,"
-        " verifier_options: {max_length: 10, cache_length: 4}}]"])  # fmt: skip
+    cfg = load_config(
+        RewardPoolConfig,
+        None,
+        [
+            "sources=[{name: len, kind: verifier, verifier: length_penalty, weight: 0.5,"
+            " verifier_options: {max_length: 10, cache_length: 4}}]"
+        ],
+    )
     records = [PromptRecord(id="x", prompt="q")] * 3
     pool = RewardPool(cfg)
     out = pool.score(records, ["a", "b", "c"], extra=[{"response_length": n} for n in (5, 8, 12)])

@@ -20,9 +20,6 @@ REPO = Path(__file__).resolve().parents[1]
 QUIET = ["logging.wandb=disabled", "logging.progress_bar=false"]
 
 
-
-
-
 def _metrics(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
@@ -35,8 +32,19 @@ def _env() -> dict:
 
 def _torchrun(args: list[str], port_offset: int = 0) -> list[str]:
     port = 29600 + (os.getpid() + port_offset) % 300
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port),
-            "-m", "vlrft", "train-reward-model", *args]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        str(port),
+        "-m",
+        "vlrft",
+        "train-reward-model",
+        *args,
+    ]
 
 
 def _state(model_dir: Path) -> dict[str, torch.Tensor]:
@@ -52,15 +60,27 @@ def test_srm_learns_colour_preferences_and_eval_command_agrees(tiny_model, tmp_p
     """Learning proof: a tiny Qwen2.5-VL SRM from scratch, 2-colour pairs, >= 90% held-out accuracy."""
     run = tmp_path / "srm"
     t0 = time.time()
-    rc = main(["train-reward-model", str(REPO / "configs/reward_model/srm_color.yaml"),
-               f"model.path={tiny_model('qwen2_5_vl')}", f"train.output_dir={run}", "data.synthetic_train_size=256",
-               "data.synthetic_eval_size=64", "train.max_steps=40", "train.save_every=0"])  # fmt: skip
+    rc = main(
+        [
+            "train-reward-model",
+            str(REPO / "configs/reward_model/srm_color.yaml"),
+            f"model.path={tiny_model('qwen2_5_vl')}",
+            f"train.output_dir={run}",
+            "data.synthetic_train_size=256",
+            "data.synthetic_eval_size=64",
+            "train.max_steps=40",
+            "train.save_every=0",
+        ]
+    )
     elapsed = time.time() - t0
     assert rc == 0
     rows = [r for r in _metrics(run) if "eval/pairwise_accuracy" in r]
     first, last = rows[0], rows[-1]
-    print(f"SRM: held-out pairwise accuracy {first['eval/pairwise_accuracy']:.3f} -> {last['eval/pairwise_accuracy']:.3f} "
-          f"in {last['step']} steps, {elapsed:.0f} s")  # fmt: skip
+    print(
+        f"SRM: held-out pairwise accuracy {first['eval/pairwise_accuracy']:.3f} -> "
+        f"{last['eval/pairwise_accuracy']:.3f} "
+        f"in {last['step']} steps, {elapsed:.0f} s"
+    )
     assert first["step"] == 0 and 0.3 <= first["eval/pairwise_accuracy"] <= 0.7  # about chance before training
     assert last["step"] == 40 and last["eval/pairwise_accuracy"] >= 0.9 and last["eval/n"] == 64
     assert (run / "config.yaml").is_file() and any((run / "tensorboard").iterdir())
@@ -68,8 +88,17 @@ def test_srm_learns_colour_preferences_and_eval_command_agrees(tiny_model, tmp_p
     assert [p.name for p in (run / "checkpoints").iterdir()] == ["step_00000040"]
     # the exported model reloads without training state and scores the same held-out set the same way
     capsys.readouterr()
-    rc = main(["eval-reward-model", str(run / "model"), "synthetic:color:64:1", "--synthetic-option", "num_colors=2",
-               "--out", str(tmp_path / "eval.json")])  # fmt: skip
+    rc = main(
+        [
+            "eval-reward-model",
+            str(run / "model"),
+            "synthetic:color:64:1",
+            "--synthetic-option",
+            "num_colors=2",
+            "--out",
+            str(tmp_path / "eval.json"),
+        ]
+    )
     assert rc == 0
     report = json.loads((tmp_path / "eval.json").read_text())
     assert report["kind"] == "srm" and report["n"] == 64
@@ -84,14 +113,24 @@ def test_grm_learns_colour_judgments_and_eval_command_agrees(tiny_model, tmp_pat
 
     run = tmp_path / "grm"
     t0 = time.time()
-    rc = main(["train-reward-model", str(REPO / "configs/reward_model/grm_color.yaml"),
-               f"model.path={tiny_model('qwen2_5_vl')}", f"train.output_dir={run}", "train.save_every=0", *QUIET])  # fmt: skip
+    rc = main(
+        [
+            "train-reward-model",
+            str(REPO / "configs/reward_model/grm_color.yaml"),
+            f"model.path={tiny_model('qwen2_5_vl')}",
+            f"train.output_dir={run}",
+            "train.save_every=0",
+            *QUIET,
+        ]
+    )
     elapsed = time.time() - t0
     assert rc == 0
     rows = [r for r in _metrics(run) if "eval/judgment_accuracy" in r]
     final = rows[-1]
-    print(f"GRM: held-out judgment accuracy {rows[0]['eval/judgment_accuracy']:.3f} -> "
-          f"{final['eval/judgment_accuracy']:.3f} in {final['step']} steps, {elapsed:.0f} s")
+    print(
+        f"GRM: held-out judgment accuracy {rows[0]['eval/judgment_accuracy']:.3f} -> "
+        f"{final['eval/judgment_accuracy']:.3f} in {final['step']} steps, {elapsed:.0f} s"
+    )
     assert rows[0]["eval/judgment_accuracy"] <= 0.6  # an untrained judge does not even write the format
     assert final["step"] == 400 and final["eval/judgment_accuracy"] >= 0.8 and final["eval/n"] == 64
     # the exported judge, on the same held-out records read back from a JSONL file
@@ -105,13 +144,25 @@ def test_grm_learns_colour_judgments_and_eval_command_agrees(tiny_model, tmp_pat
 
 
 def _dist_args(model: Path, out: Path, strategy: str, steps: int = 3, save_every: int = 0) -> list[str]:
-    return [f"model.path={model}", f"train.output_dir={out}", f"train.max_steps={steps}", "train.batch_size=2",
-            "data.synthetic_train_size=16", "data.synthetic_eval_size=8", "data.synthetic_options={num_colors: 2}",
-            "train.eval_every=0", f"train.save_every={save_every}", "train.log_every=1", "optim.lr=1e-3",
-            # Adam turns rounding-level gradients (reduction order differs across ranks) into lr-sized steps
-            # when eps is tiny; eps 1e-4 keeps the comparison about the strategies, not about that.
-            "optim.eps=1e-4",
-            f"strategy.name={strategy}", "logging.tensorboard=false", *QUIET]  # fmt: skip
+    return [
+        f"model.path={model}",
+        f"train.output_dir={out}",
+        f"train.max_steps={steps}",
+        "train.batch_size=2",
+        "data.synthetic_train_size=16",
+        "data.synthetic_eval_size=8",
+        "data.synthetic_options={num_colors: 2}",
+        "train.eval_every=0",
+        f"train.save_every={save_every}",
+        "train.log_every=1",
+        "optim.lr=1e-3",
+        # Adam turns rounding-level gradients (reduction order differs across ranks) into lr-sized steps
+        # when eps is tiny; eps 1e-4 keeps the comparison about the strategies, not about that.
+        "optim.eps=1e-4",
+        f"strategy.name={strategy}",
+        "logging.tensorboard=false",
+        *QUIET,
+    ]
 
 
 @pytest.mark.distributed
@@ -123,8 +174,9 @@ def test_torchrun_two_ranks_match_one_process(tiny_model, tmp_path, strategy):
     args = _dist_args(model, single, "single")
     assert main(["train-reward-model", *[a for a in args if a != "train.batch_size=2"], "train.batch_size=4"]) == 0
     out = tmp_path / strategy
-    res = subprocess.run(_torchrun(_dist_args(model, out, strategy)), capture_output=True, text=True, env=_env(),
-                         timeout=600)  # fmt: skip
+    res = subprocess.run(
+        _torchrun(_dist_args(model, out, strategy)), capture_output=True, text=True, env=_env(), timeout=600
+    )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-6000:]
     assert _max_diff(_state(out / "model"), _state(single / "model")) < 1e-5
     dist_rows, single_rows = _metrics(out), _metrics(single)
@@ -141,7 +193,11 @@ def test_torchrun_grm_trains_and_judges(tiny_model, tmp_path, strategy, stage):
 
     out = tmp_path / strategy
     args = _dist_args(tiny_model("qwen2_5_vl"), out, strategy, steps=2) + [
-        "model.kind=grm", f"strategy.zero_stage={stage}", "data.synthetic_eval_size=5", "judge.max_new_tokens=6"]
+        "model.kind=grm",
+        f"strategy.zero_stage={stage}",
+        "data.synthetic_eval_size=5",
+        "judge.max_new_tokens=6",
+    ]
     res = subprocess.run(_torchrun(args, 3), capture_output=True, text=True, env=_env(), timeout=600)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-6000:]
     final = json.loads((out / "final_metrics.json").read_text())
@@ -157,14 +213,20 @@ def test_killed_torchrun_run_resumes_exactly(tiny_model, tmp_path):
     """FSDP2 under torchrun, killed (SIGKILL) after its step-4 checkpoint, resumes to the same model."""
     model = tiny_model("qwen2_5_vl")
     ref = tmp_path / "ref"
-    res = subprocess.run(_torchrun(_dist_args(model, ref, "fsdp2", steps=8, save_every=2)), capture_output=True,
-                         text=True, env=_env(), timeout=600)  # fmt: skip
+    res = subprocess.run(
+        _torchrun(_dist_args(model, ref, "fsdp2", steps=8, save_every=2)),
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=600,
+    )
     assert res.returncode == 0, res.stderr[-6000:]
     run = tmp_path / "killed"
     # a slower run (one eval per step) so that the kill lands before the end
     args = _dist_args(model, run, "fsdp2", steps=8, save_every=2) + ["train.eval_every=1"]
-    proc = subprocess.Popen(_torchrun(args, 1), env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        _torchrun(args, 1), env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
     ckpt = run / "checkpoints" / "step_00000004" / "COMPLETE"
     deadline = time.time() + 600
     while not ckpt.exists() and proc.poll() is None and time.time() < deadline:
@@ -193,9 +255,17 @@ def test_preference_file_with_a_bad_row_is_refused_by_line_or_skipped_and_counte
     del bad["rejected"]
     lines[2] = json.dumps(bad)
     data.write_text("\n".join(lines) + "\n")
-    args = ["train-reward-model", f"model.path={tiny_model('qwen2_5_vl')}", f"data.train_source={data}",
-            "data.eval_fraction=0.25", "train.max_steps=2", "train.batch_size=2", "optim.lr=1e-3",
-            "logging.tensorboard=false", *QUIET]  # fmt: skip
+    args = [
+        "train-reward-model",
+        f"model.path={tiny_model('qwen2_5_vl')}",
+        f"data.train_source={data}",
+        "data.eval_fraction=0.25",
+        "train.max_steps=2",
+        "train.batch_size=2",
+        "optim.lr=1e-3",
+        "logging.tensorboard=false",
+        *QUIET,
+    ]
     with pytest.raises(DataError, match=r"prefs\.jsonl:3 field 'rejected'"):
         main(args + [f"train.output_dir={tmp_path / 'error'}"])
     capsys.readouterr()

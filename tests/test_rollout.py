@@ -13,8 +13,9 @@ from vlrft.rollout import SamplingParams, make_engine
 
 @pytest.fixture(scope="module")
 def vl(tiny_model):
-    import vlrft.models  # noqa: F401
     from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    import vlrft.models  # noqa: F401
 
     path = tiny_model("qwen2_5_vl")
     return AutoModelForImageTextToText.from_pretrained(path).eval(), AutoProcessor.from_pretrained(path)
@@ -24,9 +25,12 @@ def _prompts(proc):
     recs = [
         PromptRecord(id="a", prompt="What colour? <image>", images=[Image.new("RGB", (56, 84), (255, 0, 0))]),
         PromptRecord(id="b", prompt="Text only."),
-        PromptRecord(id="c", prompt="<image> and <image>", images=[Image.new("RGB", (112, 112), (0, 0, 255)),
-                                                                  Image.new("RGB", (56, 56), (0, 255, 0))]),
-    ]  # fmt: skip
+        PromptRecord(
+            id="c",
+            prompt="<image> and <image>",
+            images=[Image.new("RGB", (112, 112), (0, 0, 255)), Image.new("RGB", (56, 56), (0, 255, 0))],
+        ),
+    ]
     return [encode_prompt(proc, r) for r in recs]
 
 

@@ -169,36 +169,89 @@ FORMAT = [  # (response, ok)
 FORMAT += [(f"<think>step {i}</think> \\boxed{{{i}}}", True) for i in range(12)]
 FORMAT += [(f"<think>step {i}</think> answer {i}", False) for i in range(12)]
 
-LENGTH = [  # (length, score) with max_length=100, cache_length=20
-    (0, 0.0), (50, 0.0), (79, 0.0), (80, 0.0), (81, -0.05), (90, -0.5), (99, -0.95), (100, -1.0), (101, -1.0),
-    (1000, -1.0),
-] + [(80 + i, -i / 20) for i in range(0, 21)] + [(100 + i, -1.0) for i in range(1, 11)]
+LENGTH = (
+    [  # (length, score) with max_length=100, cache_length=20
+        (0, 0.0),
+        (50, 0.0),
+        (79, 0.0),
+        (80, 0.0),
+        (81, -0.05),
+        (90, -0.5),
+        (99, -0.95),
+        (100, -1.0),
+        (101, -1.0),
+        (1000, -1.0),
+    ]
+    + [(80 + i, -i / 20) for i in range(0, 21)]
+    + [(100 + i, -1.0) for i in range(1, 11)]
+)
 
 EXACT = [  # (response, gold, correct)
-    ("red", "red", True), ("Red", "red", True), ("RED.", "red", True), ("  red  ", "red", True),
-    ("red!", "red", True), ("\\boxed{red}", "red", True), ("\\boxed{\\text{Red}}", "red", True),
-    ("<think>it is blue or red</think> red", "red", True), ("<think>red</think> blue", "red", False),
-    ("blue", "red", False), ("reddish", "red", False), ("red blue", "red", False), ("", "red", False),
-    ("dark red", "dark red", True), ("dark  red", "dark red", True), ("Dark-red", "dark red", True),
-    ("darkred", "dark red", False), ("\\boxed{blue} red", "red", False), ("\\boxed{red} blue", "red", True),
-    ("3", "3", True), ("3.", "3", True), ("three", "3", False), ("yes", "Yes", True), ("no", "yes", False),
-    ("'red'", "red", True), ('"red"', "red", True), ("(red)", "red", True), ("red\n", "red", True),
-    ("a circle", "circle", False), ("circle", "a circle", False), ("CIRCLE", "circle", True),
-    ("square", "circle", False), ("<think></think>green", "green", True), ("green</think>", "green", False),
-    ("\\boxed{}", "red", False), ("!!!", "red", False), ("r e d", "red", False), ("red,", "red", True),
-    ("\\boxed{ red }", "red", True), ("\\boxed{purple}", "Purple", True),
+    ("red", "red", True),
+    ("Red", "red", True),
+    ("RED.", "red", True),
+    ("  red  ", "red", True),
+    ("red!", "red", True),
+    ("\\boxed{red}", "red", True),
+    ("\\boxed{\\text{Red}}", "red", True),
+    ("<think>it is blue or red</think> red", "red", True),
+    ("<think>red</think> blue", "red", False),
+    ("blue", "red", False),
+    ("reddish", "red", False),
+    ("red blue", "red", False),
+    ("", "red", False),
+    ("dark red", "dark red", True),
+    ("dark  red", "dark red", True),
+    ("Dark-red", "dark red", True),
+    ("darkred", "dark red", False),
+    ("\\boxed{blue} red", "red", False),
+    ("\\boxed{red} blue", "red", True),
+    ("3", "3", True),
+    ("3.", "3", True),
+    ("three", "3", False),
+    ("yes", "Yes", True),
+    ("no", "yes", False),
+    ("'red'", "red", True),
+    ('"red"', "red", True),
+    ("(red)", "red", True),
+    ("red\n", "red", True),
+    ("a circle", "circle", False),
+    ("circle", "a circle", False),
+    ("CIRCLE", "circle", True),
+    ("square", "circle", False),
+    ("<think></think>green", "green", True),
+    ("green</think>", "green", False),
+    ("\\boxed{}", "red", False),
+    ("!!!", "red", False),
+    ("r e d", "red", False),
+    ("red,", "red", True),
+    ("\\boxed{ red }", "red", True),
+    ("\\boxed{purple}", "Purple", True),
 ]
 
 
 def test_registry_names_and_result_fields():
-    assert {"gsm8k", "gsm8k_flexible", "math_boxed", "multiple_choice", "format", "length_penalty",
-            "exact_match"} <= set(VERIFIERS)  # fmt: skip
+    assert {
+        "gsm8k",
+        "gsm8k_flexible",
+        "math_boxed",
+        "multiple_choice",
+        "format",
+        "length_penalty",
+        "exact_match",
+    } <= set(VERIFIERS)
     for name, v in VERIFIERS.items():
         assert v.name == name and get_verifier(name) is v
     with pytest.raises(KeyError, match="unknown verifier 'nope'"):
         get_verifier("nope")
     r = get_verifier("gsm8k")("#### 3", "3")
-    assert isinstance(r, VerifierResult) and (r.score, r.extracted, r.correct, r.format_ok, r.error) == (1.0, "3", True, True, None)
+    assert isinstance(r, VerifierResult) and (r.score, r.extracted, r.correct, r.format_ok, r.error) == (
+        1.0,
+        "3",
+        True,
+        True,
+        None,
+    )
 
 
 def _check(name, table, **opts):
@@ -293,17 +346,38 @@ MARKER = "VLRFT_PWNED"
 def _hostile(marker):
     code = f"__import__('os').system('touch {marker}')"
     return [
-        code, f"#### {code}", f"\\boxed{{{code}}}", f"<think>{code}</think> \\boxed{{{code}}}",
-        f"\\boxed{{exec(\"open('{marker}','w')\")}}", f"\\boxed{{eval('__import__(\"os\").system(\"touch {marker}\")')}}",
-        "\\boxed{10^{10^{10}}}", "\\boxed{9^{9^{9^{9^{9}}}}}", "\\boxed{2^{2^{2^{2^{2^{2^{2}}}}}}}", "\\boxed{10^{10}!}",
-        "\\boxed{" + "{" * 450 + "1" + "}" * 450 + "}", "\\boxed{" + "\\frac{" * 100 + "1" + "}{2}" * 100 + "}",
-        "\\boxed{" + "(" * 400 + "1" + ")" * 400 + "}", "\\boxed{" + "{" * 200_000 + "}" * 200_000 + "}",
-        "{" * 1_000_000, "1" * 1_000_000, "#### " + "9" * 1_000_000, "\\boxed{" * 100_000,
-        "answer " + " " * 1_000_000 + "C", "<think>" * 200_000, "x" * 1_000_000,
-        "\\boxed{" + "1" * 900 + "}", "\\boxed{" + "x" * 999_000 + "}",
+        code,
+        f"#### {code}",
+        f"\\boxed{{{code}}}",
+        f"<think>{code}</think> \\boxed{{{code}}}",
+        f"\\boxed{{exec(\"open('{marker}','w')\")}}",
+        f'\\boxed{{eval(\'__import__("os").system("touch {marker}")\')}}',
+        "\\boxed{10^{10^{10}}}",
+        "\\boxed{9^{9^{9^{9^{9}}}}}",
+        "\\boxed{2^{2^{2^{2^{2^{2^{2}}}}}}}",
+        "\\boxed{10^{10}!}",
+        "\\boxed{" + "{" * 450 + "1" + "}" * 450 + "}",
+        "\\boxed{" + "\\frac{" * 100 + "1" + "}{2}" * 100 + "}",
+        "\\boxed{" + "(" * 400 + "1" + ")" * 400 + "}",
+        "\\boxed{" + "{" * 200_000 + "}" * 200_000 + "}",
+        "{" * 1_000_000,
+        "1" * 1_000_000,
+        "#### " + "9" * 1_000_000,
+        "\\boxed{" * 100_000,
+        "answer " + " " * 1_000_000 + "C",
+        "<think>" * 200_000,
+        "x" * 1_000_000,
+        "\\boxed{" + "1" * 900 + "}",
+        "\\boxed{" + "x" * 999_000 + "}",
         # just under the response cap, so the scans run on them
-        "{" * 390_000, "1" * 390_000, "#### " + "9" * 390_000, "\\boxed{" * 50_000, "(C" * 190_000,
-        "answer " + " " * 390_000 + "C", "<think>" + "\\boxed{" * 50_000 + "</think>", "\\boxed{" + "x" * 390_000 + "}",
+        "{" * 390_000,
+        "1" * 390_000,
+        "#### " + "9" * 390_000,
+        "\\boxed{" * 50_000,
+        "(C" * 190_000,
+        "answer " + " " * 390_000 + "C",
+        "<think>" + "\\boxed{" * 50_000 + "</think>",
+        "\\boxed{" + "x" * 390_000 + "}",
     ]
 
 
@@ -350,17 +424,29 @@ def test_docs_rule_verifiers_example_runs(tmp_path):
     script = tmp_path / "verifiers_example.py"
     script.write_text(re.search(r"```python\n(.*?)```", section, re.S).group(1))
     ns = runpy.run_path(str(script))
-    assert (ns["r"].score, ns["r"].extracted, ns["r"].correct, ns["r"].format_ok, ns["r"].error) == (1.0, "0.5", True, True, None)
+    assert (ns["r"].score, ns["r"].extracted, ns["r"].correct, ns["r"].format_ok, ns["r"].error) == (
+        1.0,
+        "0.5",
+        True,
+        True,
+        None,
+    )
     assert "response_length=448).score  # -0.5" in section  # the values the example states in comments:
-    assert get_verifier("length_penalty", max_length=512, cache_length=128)("x", None, response_length=448).score == -0.5
+    assert (
+        get_verifier("length_penalty", max_length=512, cache_length=128)("x", None, response_length=448).score == -0.5
+    )
     assert get_verifier("gsm8k")("... #### 1,000", "1000").correct
 
 
 def test_math_boxed_from_concurrent_threads_does_not_serialise_on_hostile_inputs():
     v = get_verifier("math_boxed", timeout_s=1.0)
     math_worker.prestart(4)
-    jobs = [("\\boxed{10^{10^{10}}}", "1", False), ("\\boxed{\\frac{1}{2}}", "0.5", True),
-            ("\\boxed{9^{9^{9^{9}}}}", "1", False), ("\\boxed{2\\pi}", "2 \\pi", True)]  # fmt: skip
+    jobs = [
+        ("\\boxed{10^{10^{10}}}", "1", False),
+        ("\\boxed{\\frac{1}{2}}", "0.5", True),
+        ("\\boxed{9^{9^{9^{9}}}}", "1", False),
+        ("\\boxed{2\\pi}", "2 \\pi", True),
+    ]
     out = {}
 
     def work(i, response, gold):

@@ -34,9 +34,7 @@ def option(default: Any = dataclasses.MISSING, help: str = "", choices: tuple | 
     metadata = {"help": help}
     if choices is not None:
         metadata["choices"] = tuple(choices)
-    if default is not dataclasses.MISSING and (
-        isinstance(default, (list, dict)) or dataclasses.is_dataclass(default)
-    ):
+    if default is not dataclasses.MISSING and (isinstance(default, (list, dict)) or dataclasses.is_dataclass(default)):
         factory = lambda d=default: copy.deepcopy(d)  # noqa: E731
         return dataclasses.field(default_factory=factory, metadata=metadata, **kwargs)
     return dataclasses.field(default=default, metadata=metadata, **kwargs)

@@ -7,8 +7,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
-from pathlib import Path
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from vlrft.config import option
@@ -19,8 +19,11 @@ class LoggingConfig:
     """Where metrics go (rank 0 only)."""
 
     tensorboard: bool = option(True, "write TensorBoard event files under output_dir/tensorboard")
-    wandb: str = option("offline", "wandb mode (offline: files under output_dir/wandb, sync later)",
-                        choices=("offline", "online", "disabled"))  # fmt: skip
+    wandb: str = option(
+        "offline",
+        "wandb mode (offline: files under output_dir/wandb, sync later)",
+        choices=("offline", "online", "disabled"),
+    )
     wandb_project: str = option("vlrft", "wandb project")
     progress_bar: bool = option(True, "tqdm progress bar with ETA")
 
@@ -29,8 +32,16 @@ class Tracker:
     """``log(metrics, step)`` to every sink; ``console_keys`` limit the console line (exact names, or
     prefixes ending in ``/`` or ``@``)."""
 
-    def __init__(self, out_dir: Path, cfg: Any, active: bool, start_step: int, total_steps: int,
-                 desc: str = "train", console_keys: tuple[str, ...] | None = None):  # fmt: skip
+    def __init__(
+        self,
+        out_dir: Path,
+        cfg: Any,
+        active: bool,
+        start_step: int,
+        total_steps: int,
+        desc: str = "train",
+        console_keys: tuple[str, ...] | None = None,
+    ):
         self.active = active
         self.console_keys = console_keys
         self.out = Path(out_dir)
@@ -49,13 +60,17 @@ class Tracker:
             os.environ.setdefault("WANDB_SILENT", "true")  # no banner and run summary on the console
             import wandb
 
-            self.wandb = wandb.init(project=log.wandb_project, mode=log.wandb, dir=str(self.out),
-                                    config=dataclasses.asdict(cfg), resume="allow")  # fmt: skip
+            self.wandb = wandb.init(
+                project=log.wandb_project,
+                mode=log.wandb,
+                dir=str(self.out),
+                config=dataclasses.asdict(cfg),
+                resume="allow",
+            )
         if log.progress_bar:
             from tqdm import tqdm
 
-            self.bar = tqdm(total=total_steps, initial=start_step, desc=desc, file=sys.stderr,
-                            dynamic_ncols=True)  # fmt: skip
+            self.bar = tqdm(total=total_steps, initial=start_step, desc=desc, file=sys.stderr, dynamic_ncols=True)
 
     def print(self, text: str) -> None:
         if self.active:
@@ -76,8 +91,12 @@ class Tracker:
                 self.tb.add_scalar(k, v, step)
         if self.wandb is not None:
             self.wandb.log(metrics, step=step)
-        shown = {k: v for k, v in metrics.items() if self.console_keys is None or any(
-            k == c or (c.endswith(("/", "@")) and k.startswith(c)) for c in self.console_keys)}  # fmt: skip
+        shown = {
+            k: v
+            for k, v in metrics.items()
+            if self.console_keys is None
+            or any(k == c or (c.endswith(("/", "@")) and k.startswith(c)) for c in self.console_keys)
+        }
         if shown:
             self.print(f"step {step}: " + ", ".join(f"{k}={v:.4g}" for k, v in shown.items()))
 

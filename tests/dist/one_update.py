@@ -29,7 +29,7 @@ def main() -> None:
         f"strategy.name={name}", f"strategy.zero_stage={stage}", "optim.lr=1e-3", "strategy.grad_clip=0",
         "rollout.rollout_batch_size=4", "rollout.n_samples_per_prompt=4", "train.micro_train_batch_size=3",
         "train.max_steps=1", "algorithm.loss_agg_mode=token-mean", "train.output_dir=/tmp/unused",
-    ])  # fmt: skip
+    ])
     strategy = make_strategy(cfg.strategy, cfg.optim)
     torch.manual_seed(0)
     model, proc = load_policy(model_dir)

@@ -270,6 +270,12 @@ def compute_advantages(
         raise ValueError(f"compute_advantages: reward of sample {bad[0, 0].item()} is not finite ({value})")
     with torch.no_grad():
         return ADVANTAGE_ESTIMATORS[name](
-            rewards, response_mask.bool(), group_ids=group_ids, values=values, gamma=gamma, lam=lam,
-            std_normalization=norm, eps=eps,
+            rewards,
+            response_mask.bool(),
+            group_ids=group_ids,
+            values=values,
+            gamma=gamma,
+            lam=lam,
+            std_normalization=norm,
+            eps=eps,
         )

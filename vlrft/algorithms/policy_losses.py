@@ -171,15 +171,25 @@ def compute_policy_loss(
     mask = response_mask.bool()
     advantages = advantages.detach().to(log_probs.dtype)
     loss_mat, log_ratio, metrics = POLICY_LOSSES[name](
-        log_probs, old_log_probs, advantages, mask,
-        clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip, **kwargs,
+        log_probs,
+        old_log_probs,
+        advantages,
+        mask,
+        clip_low=clip_low,
+        clip_high=clip_high,
+        dual_clip=dual_clip,
+        **kwargs,
     )
     if is_weights is not None:
         if is_weights.shape != mask.shape:
             raise ValueError(f"is_weights shape {tuple(is_weights.shape)} != response_mask {tuple(mask.shape)}")
         loss_mat = loss_mat * is_weights.detach().to(loss_mat.dtype)
     loss = aggregate_loss(
-        loss_mat, mask, loss_agg_mode, global_token_count=global_token_count, num_sequences=num_sequences,
+        loss_mat,
+        mask,
+        loss_agg_mode,
+        global_token_count=global_token_count,
+        num_sequences=num_sequences,
         max_response_length=max_response_length,
     )
     metrics.update(_common_metrics(log_ratio, mask))
@@ -225,7 +235,11 @@ def value_loss(
         loss_mat = 0.5 * torch.maximum(unclipped, clipped)
         frac = float(masked_mean((clipped > unclipped).to(values.dtype), m))
     loss = aggregate_loss(
-        loss_mat, m, loss_agg_mode, global_token_count=global_token_count, num_sequences=num_sequences,
+        loss_mat,
+        m,
+        loss_agg_mode,
+        global_token_count=global_token_count,
+        num_sequences=num_sequences,
         max_response_length=max_response_length,
     )
     return loss, {"vf_clip_fraction": frac, "vf_mean": float(masked_mean(values.detach(), m))}

@@ -87,8 +87,14 @@ class RunningRewardNormalizer:
         return (x / (self.std + self.eps)).to(rewards.dtype)
 
     def state_dict(self) -> dict:
-        return {"count": self.count, "mean": self.mean, "m2": self.m2, "eps": self.eps, "center": self.center,
-                "min_count": self.min_count}
+        return {
+            "count": self.count,
+            "mean": self.mean,
+            "m2": self.m2,
+            "eps": self.eps,
+            "center": self.center,
+            "min_count": self.min_count,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.count, self.mean, self.m2 = int(state["count"]), float(state["mean"]), float(state["m2"])

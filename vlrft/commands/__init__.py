@@ -8,15 +8,31 @@ from pathlib import Path
 from typing import Any, Callable
 
 
-def add_config_command(sub: argparse._SubParsersAction, name: str, *, schema: type, help: str, description: str,
-                       func: Callable[[argparse.Namespace], int]) -> argparse.ArgumentParser:  # fmt: skip
+def add_config_command(
+    sub: argparse._SubParsersAction,
+    name: str,
+    *,
+    schema: type,
+    help: str,
+    description: str,
+    func: Callable[[argparse.Namespace], int],
+) -> argparse.ArgumentParser:
     """A subcommand taking ``[CONFIG.yaml ...] [key.sub=value ...]``; ``--help`` lists every config key."""
     from vlrft.config import describe
 
-    p = sub.add_parser(name, help=help, description=description, formatter_class=argparse.RawDescriptionHelpFormatter,
-                       epilog="config keys (YAML or key.sub=value):\n" + "\n".join(describe(schema)))  # fmt: skip
-    p.add_argument("items", nargs="*", metavar="[CONFIG.yaml ...] [key=value ...]",
-                   help="optional YAML configs (later ones win), then dotted overrides such as train.max_steps=100")  # fmt: skip
+    p = sub.add_parser(
+        name,
+        help=help,
+        description=description,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="config keys (YAML or key.sub=value):\n" + "\n".join(describe(schema)),
+    )
+    p.add_argument(
+        "items",
+        nargs="*",
+        metavar="[CONFIG.yaml ...] [key=value ...]",
+        help="optional YAML configs (later ones win), then dotted overrides such as train.max_steps=100",
+    )
     p.set_defaults(func=func)
     return p
 

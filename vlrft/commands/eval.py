@@ -15,13 +15,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "(to --out, default .) a table of finished runs' metrics. See docs/eval.md.",
     )
     p.add_argument("--benchmark", help="gsm8k, gsm8k_flexible, geo3k, geo3k_mc, or a name of your own with --verifier")
-    p.add_argument("--model", help="HF model folder, train-policy checkpoint folder (uses its hf/ export) "
-                   "or hub id (online only)")
-    p.add_argument("--data", help="benchmark data: GSM8K jsonl/parquet, Geometry3K InterGPS folder or parquet, "
-                   "or prompt records")
+    p.add_argument(
+        "--model", help="HF model folder, train-policy checkpoint folder (uses its hf/ export) or hub id (online only)"
+    )
+    p.add_argument(
+        "--data", help="benchmark data: GSM8K jsonl/parquet, Geometry3K InterGPS folder or parquet, or prompt records"
+    )
     p.add_argument("--split", default="test", help="split to read from --data folders (default test)")
     p.add_argument("--verifier", help="verifier for a user benchmark (or to override a built-in one's)")
-    p.add_argument("--prompt-template", help="PROMPT_TEMPLATES name or format string with {prompt} (default: the benchmark's)")
+    p.add_argument(
+        "--prompt-template", help="PROMPT_TEMPLATES name or format string with {prompt} (default: the benchmark's)"
+    )
     p.add_argument("--system-prompt", help="system prompt for records without their own")
     p.add_argument("--n", type=int, default=1, help="samples per problem (default 1)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default 0)")
@@ -31,9 +35,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0, help="sampling seed (batch i uses seed + i; default 0)")
     p.add_argument("--limit", type=int, help="evaluate only the first N problems")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda when available)")
-    p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"], help="model dtype (default: as saved)")
-    p.add_argument("--max-pixels", type=int, default=None,
-                   help="resize images to at most this many pixels (default: the processor decides)")
+    p.add_argument(
+        "--dtype", default=None, choices=["float32", "bfloat16", "float16"], help="model dtype (default: as saved)"
+    )
+    p.add_argument(
+        "--max-pixels",
+        type=int,
+        default=None,
+        help="resize images to at most this many pixels (default: the processor decides)",
+    )
     p.add_argument("--out", default=None, help="output folder (required for an evaluation)")
     p.add_argument("--overwrite", action="store_true", help="start over instead of resuming from --out")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -77,13 +87,27 @@ def run(args: argparse.Namespace) -> int:
     model, processor = load_policy(args.model, device=device, dtype=args.dtype)
     image_kwargs = {"max_pixels": args.max_pixels, "min_pixels": None} if args.max_pixels else None
     metrics = evaluate(
-        model, processor, records, bench, n=args.n, temperature=args.temperature, top_p=args.top_p,
-        max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, seed=args.seed, system_prompt=args.system_prompt,
-        out_dir=args.out, resume=not args.overwrite, progress=not args.no_progress, image_kwargs=image_kwargs,
+        model,
+        processor,
+        records,
+        bench,
+        n=args.n,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        max_new_tokens=args.max_new_tokens,
+        batch_size=args.batch_size,
+        seed=args.seed,
+        system_prompt=args.system_prompt,
+        out_dir=args.out,
+        resume=not args.overwrite,
+        progress=not args.no_progress,
+        image_kwargs=image_kwargs,
         run_info={"model": str(args.model), "data": str(args.data), "split": args.split, "limit": args.limit},
-    )  # fmt: skip
+    )
     lo, hi = metrics["accuracy_ci95"]
-    print(f"{bench.name}: accuracy {metrics['accuracy']:.4f} (95% CI {lo:.4f}-{hi:.4f}) on {metrics['num_problems']} "
-          f"problems, format rate {metrics['format_rate']:.4f}")
+    print(
+        f"{bench.name}: accuracy {metrics['accuracy']:.4f} (95% CI {lo:.4f}-{hi:.4f}) on {metrics['num_problems']} "
+        f"problems, format rate {metrics['format_rate']:.4f}"
+    )
     print(f"wrote {args.out}/metrics.json, samples.jsonl, report.html")
     return 0

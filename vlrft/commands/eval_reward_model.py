@@ -19,10 +19,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("data", help="records file/folder, or synthetic:TASK[:N[:SEED]]")
     p.add_argument("--batch-size", type=int, default=16, help="records per forward (default 16)")
     p.add_argument("--max-new-tokens", type=int, default=24, help="judgment length limit (GRM, default 24)")
-    p.add_argument("--judge-mode", default="pointwise", choices=("pointwise", "pairwise"),
-                   help="judgment format of the records (GRM, default pointwise)")  # fmt: skip
-    p.add_argument("--synthetic-option", action="append", default=[], metavar="KEY=INT",
-                   help="option of a synthetic task, e.g. num_colors=2 (repeatable)")  # fmt: skip
+    p.add_argument(
+        "--judge-mode",
+        default="pointwise",
+        choices=("pointwise", "pairwise"),
+        help="judgment format of the records (GRM, default pointwise)",
+    )
+    p.add_argument(
+        "--synthetic-option",
+        action="append",
+        default=[],
+        metavar="KEY=INT",
+        help="option of a synthetic task, e.g. num_colors=2 (repeatable)",
+    )
     p.add_argument("--on-bad-record", default="error", choices=("error", "skip"), help="bad rows: stop or skip")
     p.add_argument("--out", default=None, help="also write the metrics as JSON to this file")
     p.set_defaults(func=run)
@@ -35,10 +44,14 @@ def run(args: argparse.Namespace) -> int:
     from reward_models.evaluate import evaluate_reward_model
 
     metrics = evaluate_reward_model(
-        args.model, args.data, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
-        judge_mode=args.judge_mode, on_bad_record=args.on_bad_record,
+        args.model,
+        args.data,
+        batch_size=args.batch_size,
+        max_new_tokens=args.max_new_tokens,
+        judge_mode=args.judge_mode,
+        on_bad_record=args.on_bad_record,
         synthetic_options={k: int(v) for k, v in (o.split("=", 1) for o in args.synthetic_option)},
-    )  # fmt: skip
+    )
     text = json.dumps(metrics, indent=2)
     print(text)
     if args.out:

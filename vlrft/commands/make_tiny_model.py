@@ -8,8 +8,17 @@ import argparse
 def add_parser(sub: argparse._SubParsersAction) -> None:
     from vlrft.archs import ARCHS
 
-    d = argparse.Namespace(arch="qwen2_5_vl", hidden=64, layers=2, heads=4, kv_heads=2, vision_depth=2,
-                           vision_hidden=64, vocab_size=1024, seed=0)  # = TinySpec's defaults (tested)
+    d = argparse.Namespace(
+        arch="qwen2_5_vl",
+        hidden=64,
+        layers=2,
+        heads=4,
+        kv_heads=2,
+        vision_depth=2,
+        vision_hidden=64,
+        vocab_size=1024,
+        seed=0,
+    )  # = TinySpec's defaults (tested)
     p = sub.add_parser(
         "make-tiny-model",
         help="write a tiny random Qwen-VL/Qwen model with a local tokenizer (no download)",
@@ -24,8 +33,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--heads", type=int, default=d.heads, help=f"attention heads (default {d.heads})")
     p.add_argument("--kv-heads", type=int, default=d.kv_heads, help=f"key/value heads (default {d.kv_heads})")
     p.add_argument("--vision-depth", type=int, default=d.vision_depth, help=f"vision blocks (default {d.vision_depth})")
-    p.add_argument("--vision-hidden", type=int, default=d.vision_hidden, help=f"vision width (default {d.vision_hidden})")
-    p.add_argument("--vocab-size", type=int, default=d.vocab_size, help=f"tokenizer size incl. special tokens (default {d.vocab_size})")
+    p.add_argument(
+        "--vision-hidden", type=int, default=d.vision_hidden, help=f"vision width (default {d.vision_hidden})"
+    )
+    p.add_argument(
+        "--vocab-size",
+        type=int,
+        default=d.vocab_size,
+        help=f"tokenizer size incl. special tokens (default {d.vocab_size})",
+    )
     p.add_argument("--seed", type=int, default=d.seed, help=f"initialisation seed (default {d.seed})")
     p.set_defaults(func=run)
 
@@ -34,10 +50,17 @@ def run(args: argparse.Namespace) -> int:
     from vlrft.models.tiny import make_tiny_model
 
     out = make_tiny_model(
-        args.out_dir, arch=args.arch, hidden=args.hidden, layers=args.layers, heads=args.heads,
-        kv_heads=args.kv_heads, vision_depth=args.vision_depth, vision_hidden=args.vision_hidden,
-        vocab_size=args.vocab_size, seed=args.seed,
-    )  # fmt: skip
+        args.out_dir,
+        arch=args.arch,
+        hidden=args.hidden,
+        layers=args.layers,
+        heads=args.heads,
+        kv_heads=args.kv_heads,
+        vision_depth=args.vision_depth,
+        vision_hidden=args.vision_hidden,
+        vocab_size=args.vocab_size,
+        seed=args.seed,
+    )
     import math
 
     from safetensors import safe_open

@@ -17,11 +17,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "relative to the output file; in-memory images are written next to it. See docs/data.md.",
     )
     p.add_argument("dataset", choices=("gsm8k", "geo3k"), help="which converter")
-    p.add_argument("--source", required=True, help="a file, a folder or a hub dataset id (used only if no such path exists)")
+    p.add_argument(
+        "--source", required=True, help="a file, a folder or a hub dataset id (used only if no such path exists)"
+    )
     p.add_argument("--split", default="test", help="split to convert (default test)")
     p.add_argument("--out", required=True, help="output .jsonl file")
-    p.add_argument("--on-bad-record", default="error", choices=("error", "skip"),
-                   help="stop at the first bad record (default) or skip and count bad records")  # fmt: skip
+    p.add_argument(
+        "--on-bad-record",
+        default="error",
+        choices=("error", "skip"),
+        help="stop at the first bad record (default) or skip and count bad records",
+    )
     p.set_defaults(func=run)
 
 

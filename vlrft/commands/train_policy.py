@@ -15,13 +15,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     from vlrft.trainer.config import PolicyTrainConfig
 
     add_config_command(
-        sub, "train-policy", schema=PolicyTrainConfig, func=run,
+        sub,
+        "train-policy",
+        schema=PolicyTrainConfig,
+        func=run,
         help="train a Qwen-VL / Qwen policy with GRPO-family algorithms or PPO",
         description="Train a policy with RL. With no CONFIG, uses the embedded default (vlrft/trainer/demo.yaml): "
         "builds a tiny Qwen2.5-VL and trains it with GRPO on a synthetic colour-naming task, evaluating "
         "held-out prompts before and after (a few minutes on a laptop CPU). Ready recipes: configs/policy/*.yaml; "
         "launch scripts for real scales: scripts/. Run under torchrun for fsdp2/deepspeed (strategy.name=...).",
-    )  # fmt: skip
+    )
 
 
 def run(args: argparse.Namespace) -> int:

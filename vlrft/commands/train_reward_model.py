@@ -11,14 +11,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     from reward_models.config import RewardModelTrainConfig
 
     add_config_command(
-        sub, "train-reward-model", schema=RewardModelTrainConfig, func=run,
+        sub,
+        "train-reward-model",
+        schema=RewardModelTrainConfig,
+        func=run,
         help="train a scalar (Bradley-Terry) or generative (judge) reward model",
         description="Train an SRM on preference pairs (model.kind=srm) or a GRM judge on judgment records "
         "(model.kind=grm), with held-out pairwise/judgment accuracy every train.eval_every steps, checkpoints "
         "with exact resume (train.resume=auto) and the final model in OUTPUT_DIR/model. With no data source it "
         "trains on a synthetic visual task; with no model.path, on a tiny random Qwen2.5-VL. Ready configs: "
         "configs/reward_model/*.yaml. Run under torchrun for fsdp2/deepspeed (strategy.name=...).",
-    )  # fmt: skip
+    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -10,7 +10,14 @@ from __future__ import annotations
 
 import importlib.util
 
-from transformers import AutoProcessor, ProcessorMixin, Qwen2_5_VLConfig, Qwen2_5_VLProcessor, Qwen2VLConfig, Qwen2VLProcessor
+from transformers import (
+    AutoProcessor,
+    ProcessorMixin,
+    Qwen2_5_VLConfig,
+    Qwen2_5_VLProcessor,
+    Qwen2VLConfig,
+    Qwen2VLProcessor,
+)
 
 try:
     from transformers import Qwen3VLConfig, Qwen3VLProcessor

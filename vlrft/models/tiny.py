@@ -42,11 +42,21 @@ except ImportError:  # transformers without Qwen3-VL
 
 # Qwen's special tokens, in Qwen's order.
 SPECIAL_TOKENS = (
-    "<|endoftext|>", "<|im_start|>", "<|im_end|>",
-    "<|object_ref_start|>", "<|object_ref_end|>", "<|box_start|>", "<|box_end|>",
-    "<|quad_start|>", "<|quad_end|>",
-    "<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>",
-)  # fmt: skip
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|object_ref_start|>",
+    "<|object_ref_end|>",
+    "<|box_start|>",
+    "<|box_end|>",
+    "<|quad_start|>",
+    "<|quad_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|vision_pad|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+)
 
 # Qwen2's pre-tokenizer split: single digits, letters runs, punctuation runs, whitespace.
 QWEN_SPLIT_PATTERN = (
@@ -214,20 +224,49 @@ def build_config(spec: TinySpec, tokenizer: Qwen2Tokenizer):
     text = _text_kwargs(spec, vocab, ids, mrope=True)
     vh, depth = spec.vision_hidden, spec.vision_depth
     if spec.arch == "qwen2_vl":
-        vision = dict(depth=depth, embed_dim=vh, hidden_size=spec.hidden, num_heads=4, mlp_ratio=2,
-                      patch_size=14, spatial_merge_size=2, temporal_patch_size=2, in_channels=3)  # fmt: skip
+        vision = dict(
+            depth=depth,
+            embed_dim=vh,
+            hidden_size=spec.hidden,
+            num_heads=4,
+            mlp_ratio=2,
+            patch_size=14,
+            spatial_merge_size=2,
+            temporal_patch_size=2,
+            in_channels=3,
+        )
         return Qwen2VLConfig(text_config=text, vision_config=vision, **special)
     if spec.arch == "qwen2_5_vl":
-        vision = dict(depth=depth, hidden_size=vh, intermediate_size=vh * 2, num_heads=4,
-                      out_hidden_size=spec.hidden, fullatt_block_indexes=[depth - 1], window_size=56,
-                      patch_size=14, spatial_merge_size=2, temporal_patch_size=2, in_channels=3)  # fmt: skip
+        vision = dict(
+            depth=depth,
+            hidden_size=vh,
+            intermediate_size=vh * 2,
+            num_heads=4,
+            out_hidden_size=spec.hidden,
+            fullatt_block_indexes=[depth - 1],
+            window_size=56,
+            patch_size=14,
+            spatial_merge_size=2,
+            temporal_patch_size=2,
+            in_channels=3,
+        )
         return Qwen2_5_VLConfig(text_config=text, vision_config=vision, **special)
     if spec.arch == "qwen3_vl":
         text["head_dim"] = spec.hidden // spec.heads
         text["rope_parameters"]["mrope_interleaved"] = True
-        vision = dict(depth=depth, hidden_size=vh, intermediate_size=vh * 2, num_heads=4,
-                      out_hidden_size=spec.hidden, patch_size=16, spatial_merge_size=2, temporal_patch_size=2,
-                      num_position_embeddings=256, deepstack_visual_indexes=[0], in_channels=3)  # fmt: skip
+        vision = dict(
+            depth=depth,
+            hidden_size=vh,
+            intermediate_size=vh * 2,
+            num_heads=4,
+            out_hidden_size=spec.hidden,
+            patch_size=16,
+            spatial_merge_size=2,
+            temporal_patch_size=2,
+            num_position_embeddings=256,
+            deepstack_visual_indexes=[0],
+            in_channels=3,
+        )
         return Qwen3VLConfig(text_config=text, vision_config=vision, **special)
     raise ValueError(f"unknown arch {spec.arch!r}; choose one of {', '.join(ARCHS)}")
 
@@ -237,13 +276,18 @@ def build_image_processor(arch: str) -> Qwen2VLImageProcessorPil:
     if arch == "qwen3_vl":  # patch 16, merge 2: one token per 32x32 pixels
         return Qwen2VLImageProcessorPil(
             size={"shortest_edge": 4 * 32 * 32, "longest_edge": 16 * 32 * 32},
-            patch_size=16, temporal_patch_size=2, merge_size=2,
-            image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5],
-        )  # fmt: skip
+            patch_size=16,
+            temporal_patch_size=2,
+            merge_size=2,
+            image_mean=[0.5, 0.5, 0.5],
+            image_std=[0.5, 0.5, 0.5],
+        )
     return Qwen2VLImageProcessorPil(
         size={"shortest_edge": MIN_PIXELS, "longest_edge": MAX_PIXELS},
-        patch_size=14, temporal_patch_size=2, merge_size=2,
-    )  # fmt: skip
+        patch_size=14,
+        temporal_patch_size=2,
+        merge_size=2,
+    )
 
 
 _PROCESSORS = {

@@ -58,7 +58,9 @@ class HFRolloutEngine:
             feats = torch.cat(list(feats)) if isinstance(feats, (list, tuple)) else feats
             image_mask = rep["input_ids"] == self.model.config.image_token_id
             embeds = embeds.masked_scatter(image_mask.unsqueeze(-1), feats.to(embeds.dtype))
-            grid_per_prompt = _split_grids(rep["input_ids"], rep["image_grid_thw"], self.model.config.image_token_id, self.merge_area)
+            grid_per_prompt = _split_grids(
+                rep["input_ids"], rep["image_grid_thw"], self.model.config.image_token_id, self.merge_area
+            )
             out = {
                 "input_ids": rep["input_ids"].repeat_interleave(n, 0),
                 "inputs_embeds": embeds.repeat_interleave(n, 0),
@@ -66,9 +68,14 @@ class HFRolloutEngine:
                 "image_grid_thw": torch.cat([g for g in grid_per_prompt for _ in range(n)]),
             }
             return out
-        out = {"input_ids": rep["input_ids"].repeat_interleave(n, 0), "attention_mask": rep["attention_mask"].repeat_interleave(n, 0)}
+        out = {
+            "input_ids": rep["input_ids"].repeat_interleave(n, 0),
+            "attention_mask": rep["attention_mask"].repeat_interleave(n, 0),
+        }
         if "pixel_values" in rep:  # repeat each prompt's patches for its n samples
-            grids = _split_grids(rep["input_ids"], rep["image_grid_thw"], self.model.config.image_token_id, self.merge_area)
+            grids = _split_grids(
+                rep["input_ids"], rep["image_grid_thw"], self.model.config.image_token_id, self.merge_area
+            )
             sizes = [int(g.prod(-1).sum()) for g in grids]
             pv = rep["pixel_values"].split(sizes)
             out["pixel_values"] = torch.cat([p for p in pv for _ in range(n)])
@@ -97,8 +104,12 @@ class HFRolloutEngine:
                     suppress_tokens=self.suppress or None,
                 )
                 if sampling.temperature > 0:
-                    kwargs.update(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p,
-                                  top_k=sampling.top_k or None)  # fmt: skip
+                    kwargs.update(
+                        do_sample=True,
+                        temperature=sampling.temperature,
+                        top_p=sampling.top_p,
+                        top_k=sampling.top_k or None,
+                    )
                 else:
                     kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
                 if sampling.stop:
@@ -146,7 +157,9 @@ def _root_unsharded(model: torch.nn.Module):
         model.reshard()
 
 
-def _split_grids(input_ids: torch.Tensor, grid: torch.Tensor, image_token_id: int, merge_area: int) -> list[torch.Tensor]:
+def _split_grids(
+    input_ids: torch.Tensor, grid: torch.Tensor, image_token_id: int, merge_area: int
+) -> list[torch.Tensor]:
     """``image_grid_thw`` rows belonging to each prompt of a batch (prompts may have 0..k images)."""
     per_image_tokens = (grid.prod(-1) // merge_area).tolist()
     counts = (input_ids == image_token_id).sum(-1).tolist()

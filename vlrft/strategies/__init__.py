@@ -1,6 +1,14 @@
 """Training strategies: ``single``, ``fsdp2`` and ``deepspeed`` behind one small interface."""
 
-from vlrft.strategies.base import OptimConfig, Strategy, StrategyConfig, init_distributed, rng_state, seed_everything, set_rng_state
+from vlrft.strategies.base import (
+    OptimConfig,
+    Strategy,
+    StrategyConfig,
+    init_distributed,
+    rng_state,
+    seed_everything,
+    set_rng_state,
+)
 
 
 def make_strategy(cfg: StrategyConfig, optim: OptimConfig | None = None) -> Strategy:
@@ -21,6 +29,12 @@ def make_strategy(cfg: StrategyConfig, optim: OptimConfig | None = None) -> Stra
 
 
 __all__ = [
-    "OptimConfig", "Strategy", "StrategyConfig", "init_distributed", "make_strategy", "rng_state",
-    "seed_everything", "set_rng_state",
-]  # fmt: skip
+    "OptimConfig",
+    "Strategy",
+    "StrategyConfig",
+    "init_distributed",
+    "make_strategy",
+    "rng_state",
+    "seed_everything",
+    "set_rng_state",
+]

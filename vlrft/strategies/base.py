@@ -115,9 +115,12 @@ def make_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, total_ste
 
 def make_optimizer(params, cfg: OptimConfig) -> torch.optim.Optimizer:
     return torch.optim.AdamW(
-        [p for p in params if p.requires_grad], lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps,
+        [p for p in params if p.requires_grad],
+        lr=cfg.lr,
+        betas=tuple(cfg.betas),
+        eps=cfg.eps,
         weight_decay=cfg.weight_decay,
-    )  # fmt: skip
+    )
 
 
 def atomic_dir(final: Path) -> Path:

@@ -81,9 +81,12 @@ class FSDP2Strategy(Strategy):
         # strict=False: parameters that never received a gradient (e.g. the vision tower after text-only
         # batches) legitimately have no optimizer state in either the checkpoint or the fresh optimizer.
         set_state_dict(
-            self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"],
+            self.model,
+            self.optimizer,
+            model_state_dict=state["model"],
+            optim_state_dict=state["optimizer"],
             options=StateDictOptions(strict=False),
-        )  # fmt: skip
+        )
         extra = pickle.loads((path / f"client_rank{self.rank}.pkl").read_bytes())
         self.scheduler.load_state_dict(extra["scheduler"])
         if dist.is_initialized():

@@ -26,8 +26,12 @@ class SingleStrategy(Strategy):
         return {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
 
     def save_checkpoint(self, path: str | Path, client_state: dict[str, Any]) -> None:
-        state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                 "scheduler": self.scheduler.state_dict(), "client_state": client_state}  # fmt: skip
+        state = {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "client_state": client_state,
+        }
         self._save_atomically(path, lambda tmp: torch.save(state, tmp / "state.pt"))
 
     def load_checkpoint(self, path: str | Path) -> dict[str, Any]:

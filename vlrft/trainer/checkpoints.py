@@ -16,8 +16,11 @@ def complete_checkpoints(root: str | Path, prefix: str = PREFIX) -> list[Path]:
     root = Path(root)
     if not root.is_dir():
         return []
-    found = [(int(p.name[len(prefix) :]), p) for p in root.iterdir()
-             if p.name.startswith(prefix) and p.name[len(prefix) :].isdigit() and (p / "COMPLETE").is_file()]  # fmt: skip
+    found = [
+        (int(p.name[len(prefix) :]), p)
+        for p in root.iterdir()
+        if p.name.startswith(prefix) and p.name[len(prefix) :].isdigit() and (p / "COMPLETE").is_file()
+    ]
     return [p for _, p in sorted(found)]
 
 

@@ -20,7 +20,9 @@ from vlrft.tracking import LoggingConfig
 SYNTHETIC_PREFIX = "synthetic:"
 
 # The embedded default: one rule verifier that reads the answer word of a synthetic task's response.
-DEFAULT_REWARD = RewardPoolConfig(sources=[RewardSourceConfig(name="accuracy", kind="verifier", verifier="vocab_answer")])
+DEFAULT_REWARD = RewardPoolConfig(
+    sources=[RewardSourceConfig(name="accuracy", kind="verifier", verifier="vocab_answer")]
+)
 
 
 @dataclass
@@ -48,11 +50,13 @@ class PolicyDataConfig:
     synthetic_eval_size: int = option(64, "prompts drawn for a synthetic eval_source (another seed)")
     synthetic_options: dict = option({}, "options of the synthetic task, e.g. {num_colors: 4}")
     system_prompt: str = option("", "system prompt for records without one (empty: the chat template's)")
-    prompt_template: str = option("plain", "name in PROMPT_TEMPLATES (plain, math_boxed, gsm8k, ...) or a "
-                                  "format string with {prompt}")  # fmt: skip
+    prompt_template: str = option(
+        "plain", "name in PROMPT_TEMPLATES (plain, math_boxed, gsm8k, ...) or a format string with {prompt}"
+    )
     max_prompt_length: int = option(2048, "longer prompts (image tokens included) are filtered, counted")
-    on_bad_record: str = option("error", "a bad record stops the run (error) or is counted and skipped",
-                                choices=("error", "skip"))  # fmt: skip
+    on_bad_record: str = option(
+        "error", "a bad record stops the run (error) or is counted and skipped", choices=("error", "skip")
+    )
     column_map: dict = option({}, "source column -> record field, e.g. {problem: prompt}")
 
 
@@ -76,8 +80,11 @@ class AlgorithmConfig:
     """Advantages, policy loss, KL and reward shaping (see docs/algorithms.md)."""
 
     advantage_estimator: str = option("grpo", "advantage estimator", choices=tuple(ADVANTAGE_ESTIMATORS))
-    std_normalization: str = option("", "grpo/cpgd: divide by the std over the group, the batch, or none "
-                                    "(Dr.GRPO); empty: the estimator's default", choices=("", "group", "batch", "none"))  # fmt: skip
+    std_normalization: str = option(
+        "",
+        "grpo/cpgd: divide by the std over the group, the batch, or none (Dr.GRPO); empty: the estimator's default",
+        choices=("", "group", "batch", "none"),
+    )
     policy_loss: str = option("ppo", "policy loss", choices=tuple(POLICY_LOSSES))
     clip_low: float = option(0.2, "lower clip range: ratio >= 1 - clip_low")
     clip_high: float = option(0.2, "upper clip range: ratio <= 1 + clip_high (DAPO clip-higher: 0.28)")
@@ -107,8 +114,11 @@ class AlgorithmConfig:
 class CriticConfig:
     """The value model of PPO with GAE (used only when algorithm.advantage_estimator is gae)."""
 
-    path: str = option("", "an SRM folder (vlrft train-reward-model: the critic starts from the reward model, as "
-                       "in InstructGPT/OpenRLHF) or a Qwen(-VL) checkpoint (a fresh value head); empty: the policy's")  # fmt: skip
+    path: str = option(
+        "",
+        "an SRM folder (vlrft train-reward-model: the critic starts from the reward model, as "
+        "in InstructGPT/OpenRLHF) or a Qwen(-VL) checkpoint (a fresh value head); empty: the policy's",
+    )
     lr: float = option(5e-6, "critic learning rate (the rest of optim.* is shared with the policy)")
 
 
@@ -119,8 +129,9 @@ class PolicyTrainLoopConfig:
     output_dir: str = option("runs/train-policy", "run folder: config, metrics, samples, checkpoints, final model")
     num_episodes: int = option(1, "passes over the training prompts")
     max_steps: int = option(60, "RL steps (0: num_episodes over the data)")
-    train_batch_size: int = option(0, "samples per optimizer step, global (0: the whole rollout batch: one "
-                                   "on-policy update)")  # fmt: skip
+    train_batch_size: int = option(
+        0, "samples per optimizer step, global (0: the whole rollout batch: one on-policy update)"
+    )
     micro_train_batch_size: int = option(32, "samples per forward/backward per rank")
     max_epochs: int = option(1, "passes over each rollout batch (PPO epochs)")
     eval_every: int = option(20, "held-out evaluation every N steps (0: only before and after)")
@@ -130,8 +141,9 @@ class PolicyTrainLoopConfig:
     keep_last: int = option(2, "checkpoints kept")
     resume: str = option("auto", "auto: newest complete checkpoint in output_dir; never; or a checkpoint path")
     log_samples: int = option(4, "trajectories written to samples.jsonl per step")
-    accuracy_source: str = option("", "reward source whose score > 0.5 counts as correct (empty: the first "
-                                  "verifier source)")  # fmt: skip
+    accuracy_source: str = option(
+        "", "reward source whose score > 0.5 counts as correct (empty: the first verifier source)"
+    )
     seed: int = option(0, "seed of data order and sampling")
 
 

@@ -73,8 +73,11 @@ def _select_images(batch: dict[str, torch.Tensor], idx: list[int]) -> dict[str, 
             grids.append(grid[a:b])
     if not rows:
         return {}
-    return {"pixel_values": torch.cat(rows), "image_grid_thw": torch.cat(grids),
-            "images_per_sample": batch["images_per_sample"][idx]}  # fmt: skip
+    return {
+        "pixel_values": torch.cat(rows),
+        "image_grid_thw": torch.cat(grids),
+        "images_per_sample": batch["images_per_sample"][idx],
+    }
 
 
 def response_logprobs(
@@ -115,16 +118,31 @@ def response_values(
 
 
 @torch.no_grad()
-def score_responses(model: torch.nn.Module, batch: dict[str, torch.Tensor], response_ids: torch.Tensor, *,
-                    micro_batch_size: int, temperature: float = 1.0, values: bool = False) -> torch.Tensor:  # fmt: skip
+def score_responses(
+    model: torch.nn.Module,
+    batch: dict[str, torch.Tensor],
+    response_ids: torch.Tensor,
+    *,
+    micro_batch_size: int,
+    temperature: float = 1.0,
+    values: bool = False,
+) -> torch.Tensor:
     """:func:`response_logprobs` (or, with ``values``, :func:`response_values` of a critic) for all
     samples of ``batch``, ``micro_batch_size`` at a time, in eval mode and without gradient; ``[N, R]``
     float32 on CPU (zeros past each response's end)."""
     was = model.training
     model.eval()
     n = response_ids.shape[0]
-    whole = Experience(batch, response_ids, torch.ones_like(response_ids), None, None, torch.zeros(n),
-                       torch.zeros(response_ids.shape), torch.zeros(n))  # fmt: skip
+    whole = Experience(
+        batch,
+        response_ids,
+        torch.ones_like(response_ids),
+        None,
+        None,
+        torch.zeros(n),
+        torch.zeros(response_ids.shape),
+        torch.zeros(n),
+    )
     out = torch.zeros(response_ids.shape, dtype=torch.float32)
     for start in range(0, n, micro_batch_size):
         idx = torch.arange(start, min(start + micro_batch_size, n))

@@ -72,22 +72,34 @@ class PolicyTrainer:
         self.accuracy_source, self.accuracy_verifier = accuracy or (None, None)
         r = cfg.rollout
         if r.rollout_batch_size % strategy.world_size:
-            raise ValueError(f"rollout.rollout_batch_size={r.rollout_batch_size} must be a multiple of the "
-                             f"number of processes ({strategy.world_size})")  # fmt: skip
+            raise ValueError(
+                f"rollout.rollout_batch_size={r.rollout_batch_size} must be a multiple of the "
+                f"number of processes ({strategy.world_size})"
+            )
         self.steps_per_episode = max(1, len(train_records) // r.rollout_batch_size)
         self.total_steps = cfg.train.max_steps or self.steps_per_episode * cfg.train.num_episodes
-        self.model, self.optimizer, self.scheduler = strategy.prepare(model, total_steps=self.total_steps * self._updates_per_step())
+        self.model, self.optimizer, self.scheduler = strategy.prepare(
+            model, total_steps=self.total_steps * self._updates_per_step()
+        )
         self.train_module = getattr(strategy, "engine", None) or self.model
         self.critic = self.critic_strategy = None
         if critic is not None:
             self.critic_strategy = critic[1]
             self.critic = critic[1].prepare(critic[0], total_steps=self.total_steps * self._updates_per_step())[0]
             self.critic_module = getattr(critic[1], "engine", None) or self.critic
-        self.engine = make_engine(r.engine, strategy.unwrap(), processor, synced=strategy.shards_parameters,
-                                  micro_batch_size=r.micro_rollout_batch_size)  # fmt: skip
+        self.engine = make_engine(
+            r.engine,
+            strategy.unwrap(),
+            processor,
+            synced=strategy.shards_parameters,
+            micro_batch_size=r.micro_rollout_batch_size,
+        )
         a = cfg.algorithm
-        self.kl_ctl = (AdaptiveKLController(a.kl_coef, a.kl_target, a.kl_horizon) if a.kl_target > 0
-                       else FixedKLController(a.kl_coef))  # fmt: skip
+        self.kl_ctl = (
+            AdaptiveKLController(a.kl_coef, a.kl_target, a.kl_horizon)
+            if a.kl_target > 0
+            else FixedKLController(a.kl_coef)
+        )
         self.normalizer = RunningRewardNormalizer() if a.normalize_rewards else None
         self.step = 0
         self.cursor = 0  # prompts consumed so far (global), defines the data position
@@ -122,8 +134,15 @@ class PolicyTrainer:
 
     # ----------------------------------------------------------------------------- experience
     def _sample(self, records: list[PromptRecord], sampling: SamplingParams):
-        prompts = [encode_prompt(self.processor, rec, system_prompt=self.cfg.data.system_prompt or None,
-                                 prompt_template=self.cfg.data.prompt_template) for rec in records]  # fmt: skip
+        prompts = [
+            encode_prompt(
+                self.processor,
+                rec,
+                system_prompt=self.cfg.data.system_prompt or None,
+                prompt_template=self.cfg.data.prompt_template,
+            )
+            for rec in records
+        ]
         rollouts = self.engine.generate(prompts, sampling)
         return prompts, rollouts
 
@@ -134,8 +153,14 @@ class PolicyTrainer:
 
     def make_experience(self, metrics: dict[str, float]) -> Experience:
         a, r = self.cfg.algorithm, self.cfg.rollout
-        sampling = SamplingParams(n=r.n_samples_per_prompt, temperature=r.temperature, top_p=r.top_p,
-                                  top_k=r.top_k, max_new_tokens=r.max_new_tokens, stop=list(r.stop))  # fmt: skip
+        sampling = SamplingParams(
+            n=r.n_samples_per_prompt,
+            temperature=r.temperature,
+            top_p=r.top_p,
+            top_k=r.top_k,
+            max_new_tokens=r.max_new_tokens,
+            stop=list(r.stop),
+        )
         per_rank = r.rollout_batch_size // self.strategy.world_size
         records, prompts, rollouts, rewards, per_source = [], [], [], [], {}
         tries, t0 = 0, time.perf_counter()
@@ -158,7 +183,9 @@ class PolicyTrainer:
                 remap = {g: len(records) + i for i, g in enumerate(kept_groups)}
                 new_records = [new_records[g] for g in kept_groups]
                 new_prompts = [new_prompts[g] for g in kept_groups]
-                new_rollouts = [replace(x, prompt_index=remap[x.prompt_index]) for x, k in zip(new_rollouts, sel.tolist()) if k]
+                new_rollouts = [
+                    replace(x, prompt_index=remap[x.prompt_index]) for x, k in zip(new_rollouts, sel.tolist()) if k
+                ]
                 combined, sources = combined[sel], {k: v[sel] for k, v in sources.items()}
             else:
                 for x in new_rollouts:
@@ -175,7 +202,9 @@ class PolicyTrainer:
             filled = self.strategy.all_reduce(torch.tensor(float(len(records) >= per_rank)), "mean")
             if float(filled) == 1.0 or tries >= a.max_sampling_tries:
                 break
-        exhausted = a.dynamic_sampling and float(self.strategy.all_reduce(torch.tensor(float(len(rollouts) == 0)), "max"))
+        exhausted = a.dynamic_sampling and float(
+            self.strategy.all_reduce(torch.tensor(float(len(rollouts) == 0)), "max")
+        )
         if exhausted:
             # every group of max_sampling_tries rounds had zero reward variance: train on the last round
             # (its advantages are all zero, so the update only keeps the optimizer schedule in step)
@@ -188,8 +217,15 @@ class PolicyTrainer:
         per_source_t = {k: torch.cat(v) for k, v in per_source.items()}
         return self.experience_from(records, prompts, rollouts, torch.cat(rewards), per_source_t, metrics)
 
-    def experience_from(self, records, prompts, rollouts, rewards_t: torch.Tensor,
-                        per_source_t: dict[str, torch.Tensor], metrics: dict[str, float]) -> Experience:  # fmt: skip
+    def experience_from(
+        self,
+        records,
+        prompts,
+        rollouts,
+        rewards_t: torch.Tensor,
+        per_source_t: dict[str, torch.Tensor],
+        metrics: dict[str, float],
+    ) -> Experience:
         """Log-probs, shaping and advantages for scored rollouts of ``prompts`` (this rank's share)."""
         a, r = self.cfg.algorithm, self.cfg.rollout
         # training tensors
@@ -209,8 +245,9 @@ class PolicyTrainer:
         # reward shaping -> advantages (over the global batch: every rank computes them identically)
         shaped = rewards_t.clone()
         if a.overlong_buffer_len > 0:
-            shaped = shaped + overlong_penalty(batch["response_lengths"].float(), r.max_new_tokens,
-                                               a.overlong_buffer_len, a.overlong_penalty_factor)  # fmt: skip
+            shaped = shaped + overlong_penalty(
+                batch["response_lengths"].float(), r.max_new_tokens, a.overlong_buffer_len, a.overlong_penalty_factor
+            )
         if a.reward_clip > 0:
             shaped = clip_rewards(shaped, -a.reward_clip, a.reward_clip)
         if self.normalizer is not None:
@@ -238,21 +275,41 @@ class PolicyTrainer:
         n_groups = len(set(group_ids.tolist()))
         metrics["frac_reward_zero_std"] = 1.0 - kept / max(1, n_groups)
         metrics["advantages/mean"] = float(advantages[response_mask.bool()].mean()) if response_mask.any() else 0.0
-        metrics["advantages/abs_mean"] = float(advantages[response_mask.bool()].abs().mean()) if response_mask.any() else 0.0
+        metrics["advantages/abs_mean"] = (
+            float(advantages[response_mask.bool()].abs().mean()) if response_mask.any() else 0.0
+        )
         self._last_rollouts = (records, rollouts, per_source_t, rewards_t, advantages)
-        return Experience(batch, response_ids, response_mask, old_logp, ref_logp, rewards_t, advantages, group_ids,
-                          per_source_t, values, returns if values is not None else None)  # fmt: skip
+        return Experience(
+            batch,
+            response_ids,
+            response_mask,
+            old_logp,
+            ref_logp,
+            rewards_t,
+            advantages,
+            group_ids,
+            per_source_t,
+            values,
+            returns if values is not None else None,
+        )
 
     def _scores(self, model, batch, response_ids, values: bool = False) -> torch.Tensor:
         """Response log-probs (or a critic's values) ``[N, R]`` without gradient, micro-batched."""
-        return score_responses(model, batch, response_ids, micro_batch_size=self.cfg.train.micro_train_batch_size,
-                               temperature=self._temperature(), values=values)  # fmt: skip
+        return score_responses(
+            model,
+            batch,
+            response_ids,
+            micro_batch_size=self.cfg.train.micro_train_batch_size,
+            temperature=self._temperature(),
+            values=values,
+        )
 
     def _temperature(self) -> float:
         return self.cfg.rollout.temperature if self.cfg.rollout.temperature > 0 else 1.0
 
-    def _global_advantages(self, rewards: torch.Tensor, mask: torch.Tensor, group_ids: torch.Tensor,
-                           values: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    def _global_advantages(
+        self, rewards: torch.Tensor, mask: torch.Tensor, group_ids: torch.Tensor, values: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Advantages and returns computed on the batch of all ranks (batch-level statistics included),
         then this rank's rows taken back; groups never span ranks."""
         a, s = self.cfg.algorithm, self.strategy
@@ -265,9 +322,15 @@ class PolicyTrainer:
         all_g = torch.cat([p[2] + rank * 1_000_000 for rank, p in enumerate(parts)])
         all_v = torch.cat([pad(p[3]) for p in parts]) if values is not None else None
         adv, ret = compute_advantages(
-            a.advantage_estimator, all_r, all_m, group_ids=all_g, values=all_v,
-            gamma=a.gamma, lam=a.lam, std_normalization=a.std_normalization or None,
-        )  # fmt: skip
+            a.advantage_estimator,
+            all_r,
+            all_m,
+            group_ids=all_g,
+            values=all_v,
+            gamma=a.gamma,
+            lam=a.lam,
+            std_normalization=a.std_normalization or None,
+        )
         rows = slice(offset, offset + len(rewards))
         return adv[rows, : mask.shape[1]], ret[rows, : mask.shape[1]]
 
@@ -319,30 +382,51 @@ class PolicyTrainer:
         a, cs = self.cfg.algorithm, self.critic_strategy
         values = response_values(self.critic_module, mb, mb["response_ids"].shape[1], device=cs.device)
         dev = values.device
-        loss, m = value_loss(values, mb["values"].to(dev), mb["returns"].to(dev), mb["response_mask"].to(dev),
-                             a.value_clip or None, loss_agg_mode=a.loss_agg_mode, global_token_count=gtc, num_sequences=gsc,
-                             max_response_length=self.cfg.rollout.max_new_tokens)  # fmt: skip
+        loss, m = value_loss(
+            values,
+            mb["values"].to(dev),
+            mb["returns"].to(dev),
+            mb["response_mask"].to(dev),
+            a.value_clip or None,
+            loss_agg_mode=a.loss_agg_mode,
+            global_token_count=gtc,
+            num_sequences=gsc,
+            max_response_length=self.cfg.rollout.max_new_tokens,
+        )
         cs.backward(loss * cs.world_size, last_micro_batch=last)
         return {"critic/loss": float(loss.detach()), **{f"critic/{k}": float(v) for k, v in m.items()}}
 
     def _micro_loss(self, mb: dict[str, torch.Tensor], gtc: int, gsc: int) -> tuple[torch.Tensor, dict[str, float]]:
         a, r = self.cfg.algorithm, self.cfg.rollout
         # entropy is always computed: it is the metric that shows a collapsing policy
-        logp, entropy = response_logprobs(self.train_module, mb, mb["response_ids"], temperature=self._temperature(),
-                                          with_entropy=True)  # fmt: skip
+        logp, entropy = response_logprobs(
+            self.train_module, mb, mb["response_ids"], temperature=self._temperature(), with_entropy=True
+        )
         dev = logp.device
         mask = mb["response_mask"].to(dev)
         old = mb["old_log_probs"].to(dev) if "old_log_probs" in mb else logp.detach()
         loss_mask = mask
         if a.high_entropy_rho < 1.0:
             loss_mask = high_entropy_mask(entropy.detach(), mask, a.high_entropy_rho).to(mask.dtype)
-        agg_kw = dict(loss_agg_mode=a.loss_agg_mode, global_token_count=gtc, num_sequences=gsc,
-                      max_response_length=r.max_new_tokens)  # fmt: skip
+        agg_kw = dict(
+            loss_agg_mode=a.loss_agg_mode,
+            global_token_count=gtc,
+            num_sequences=gsc,
+            max_response_length=r.max_new_tokens,
+        )
         extra = {"policy_drift_coef": a.policy_drift_coef} if a.policy_loss == "cpgd" else {}
         loss, metrics = compute_policy_loss(
-            a.policy_loss, logp, old, mb["advantages"].to(dev), loss_mask, clip_low=a.clip_low,
-            clip_high=a.clip_high, dual_clip=a.dual_clip or None, **agg_kw, **extra,
-        )  # fmt: skip
+            a.policy_loss,
+            logp,
+            old,
+            mb["advantages"].to(dev),
+            loss_mask,
+            clip_low=a.clip_low,
+            clip_high=a.clip_high,
+            dual_clip=a.dual_clip or None,
+            **agg_kw,
+            **extra,
+        )
         metrics = {f"policy/{k}": float(v) for k, v in metrics.items()}
         metrics["policy/loss"] = float(loss.detach())
         agg = {k: agg_kw[k] for k in ("global_token_count", "num_sequences", "max_response_length")}
@@ -383,8 +467,12 @@ class PolicyTrainer:
                 self.tracker.advance(metrics.get("reward/combined", 0.0), "reward")
                 self._log_samples()
                 _append_jsonl(self.out / "data_order.jsonl", {"step": self.step, "prompt_ids": self._step_prompt_ids})
-            if self.evaluate_fn is not None and cfg.train.eval_every and self.step % cfg.train.eval_every == 0 \
-                    and self.step < self.total_steps:  # fmt: skip
+            if (
+                self.evaluate_fn is not None
+                and cfg.train.eval_every
+                and self.step % cfg.train.eval_every == 0
+                and self.step < self.total_steps
+            ):
                 self._evaluate("step")
             if cfg.train.save_every and self.step % cfg.train.save_every == 0 and self.step < self.total_steps:
                 self.save_checkpoint()
@@ -417,12 +505,23 @@ class PolicyTrainer:
         with open(path, "a") as f:
             for i, x in enumerate(rollouts[: self.cfg.train.log_samples]):
                 rec = records[x.prompt_index]
-                f.write(json.dumps({
-                    "step": self.step, "id": rec.id, "prompt": rec.prompt, "answer": rec.answer,
-                    "image": _image_ref(rec), "response": x.text, "finish_reason": x.finish_reason,
-                    "rewards": {k: float(v[i]) for k, v in per_source.items()}, "reward": float(rewards[i]),
-                    "advantage": float(adv[i, 0]) if adv.shape[1] else 0.0,
-                }) + "\n")  # fmt: skip
+                f.write(
+                    json.dumps(
+                        {
+                            "step": self.step,
+                            "id": rec.id,
+                            "prompt": rec.prompt,
+                            "answer": rec.answer,
+                            "image": _image_ref(rec),
+                            "response": x.text,
+                            "finish_reason": x.finish_reason,
+                            "rewards": {k: float(v[i]) for k, v in per_source.items()},
+                            "reward": float(rewards[i]),
+                            "advantage": float(adv[i, 0]) if adv.shape[1] else 0.0,
+                        }
+                    )
+                    + "\n"
+                )
 
     # ----------------------------------------------------------------------------- checkpoints
     def _client_state(self) -> dict[str, Any]:
@@ -479,7 +578,9 @@ def _truncate_jsonl(path: Path, last_step: int) -> None:
     """Keep the rows of steps <= ``last_step`` (rows are JSON objects with a ``step``)."""
     if not path.is_file():
         return
-    keep = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line).get("step", 0) <= last_step]
+    keep = [
+        line for line in path.read_text().splitlines() if line.strip() and json.loads(line).get("step", 0) <= last_step
+    ]
     tmp = path.with_suffix(".tmp")
     tmp.write_text("".join(line + "\n" for line in keep))
     tmp.replace(path)
@@ -493,4 +594,3 @@ def _image_ref(rec: PromptRecord) -> Any:
         else:
             refs.append(getattr(im, "filename", "") or f"<{type(im).__name__} {getattr(im, 'size', '')}>")
     return refs
-

@@ -12,16 +12,27 @@ from data_pipelines.records import PromptRecord
 from vlrft.config import ConfigError, save_config
 from vlrft.trainer.config import SYNTHETIC_PREFIX, PolicyTrainConfig
 
-
 # the console line of a step (everything goes to metrics.jsonl, TensorBoard and wandb)
-CONSOLE_KEYS = ("reward/", "accuracy", "frac_reward_zero_std", "entropy", "kl", "response_length/mean",
-                "grad_norm", "critic/loss", "time/step", "eval/accuracy", "eval/pass@")
+CONSOLE_KEYS = (
+    "reward/",
+    "accuracy",
+    "frac_reward_zero_std",
+    "entropy",
+    "kl",
+    "response_length/mean",
+    "grad_norm",
+    "critic/loss",
+    "time/step",
+    "eval/accuracy",
+    "eval/pass@",
+)
 
 
 def load_policy(path: str, dtype: str = "float32") -> tuple[torch.nn.Module, Any]:
     """A Qwen-VL (``AutoModelForImageTextToText`` + processor) or text Qwen (causal LM + tokenizer)."""
-    import vlrft.models  # noqa: F401  (image-only processors for machines without torchvision)
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
+
+    import vlrft.models  # noqa: F401  (image-only processors for machines without torchvision)
 
     torch_dtype = torch.bfloat16 if dtype == "bfloat16" else torch.float32
     config = AutoConfig.from_pretrained(path)
@@ -51,7 +62,9 @@ def build_critic(cfg: PolicyTrainConfig, policy_path: str):
     return model, make_strategy(replace(cfg.strategy, lora_rank=0), replace(cfg.optim, lr=cfg.critic.lr))
 
 
-def load_prompt_records(source: str, cfg: PolicyTrainConfig, size: int, seed: int, processor: Any) -> list[PromptRecord]:
+def load_prompt_records(
+    source: str, cfg: PolicyTrainConfig, size: int, seed: int, processor: Any
+) -> list[PromptRecord]:
     """``synthetic:TASK`` draws a synthetic task; anything else is read by data_pipelines.readers, its
     images sized by the processor's own pixel bounds."""
     if source.startswith(SYNTHETIC_PREFIX):
@@ -62,8 +75,13 @@ def load_prompt_records(source: str, cfg: PolicyTrainConfig, size: int, seed: in
     from data_pipelines.readers import read_records
 
     bounds = image_bounds(processor) if getattr(processor, "image_processor", None) is not None else {}
-    records, _ = read_records(source, kind="prompt", column_map=dict(cfg.data.column_map) or None,
-                              on_bad_record=cfg.data.on_bad_record, **bounds)  # fmt: skip
+    records, _ = read_records(
+        source,
+        kind="prompt",
+        column_map=dict(cfg.data.column_map) or None,
+        on_bad_record=cfg.data.on_bad_record,
+        **bounds,
+    )
     return records
 
 
@@ -80,10 +98,19 @@ def heldout_eval(trainer, records: list[PromptRecord] | None = None) -> dict[str
     records = records[: len(records) - len(records) % s.world_size]
     mine = records[s.rank :: s.world_size]
     bench = user_benchmark("heldout", trainer.accuracy_verifier, cfg.data.prompt_template)
-    metrics = evaluate(trainer.strategy.unwrap(), trainer.processor, mine, bench, n=cfg.train.eval_n,
-                       temperature=cfg.train.eval_temperature, max_new_tokens=cfg.rollout.max_new_tokens,
-                       batch_size=cfg.rollout.micro_rollout_batch_size, seed=cfg.train.seed,
-                       system_prompt=cfg.data.system_prompt or None, engine=trainer.engine)  # fmt: skip
+    metrics = evaluate(
+        trainer.strategy.unwrap(),
+        trainer.processor,
+        mine,
+        bench,
+        n=cfg.train.eval_n,
+        temperature=cfg.train.eval_temperature,
+        max_new_tokens=cfg.rollout.max_new_tokens,
+        batch_size=cfg.rollout.micro_rollout_batch_size,
+        seed=cfg.train.seed,
+        system_prompt=cfg.data.system_prompt or None,
+        engine=trainer.engine,
+    )
     keys = sorted(k for k, v in metrics.items() if isinstance(v, (int, float)) and k != "num_problems")
     count = float(metrics["num_problems"])
     totals = s.all_reduce(torch.tensor([count] + [float(metrics[k]) * count for k in keys], dtype=torch.float64), "sum")
@@ -121,8 +148,8 @@ def plot_curves(history: list[dict[str, float]], evals: list[tuple[int, float]],
 def train_policy(cfg: PolicyTrainConfig) -> dict[str, Any]:
     """Run ``vlrft train-policy`` with a resolved config; returns the summary (also in summary.json)."""
     from reward_models.pool import RewardPool
-    from vlrft.tracking import Tracker
     from vlrft.strategies import make_strategy, seed_everything
+    from vlrft.tracking import Tracker
     from vlrft.trainer.policy_trainer import PolicyTrainer
 
     out = Path(cfg.train.output_dir)
@@ -137,8 +164,13 @@ def train_policy(cfg: PolicyTrainConfig) -> dict[str, Any]:
         if strategy.is_rank0 and not (out / "initial-model" / "config.json").is_file():
             from vlrft.models.tiny import make_tiny_model
 
-            make_tiny_model(path, arch=cfg.model.tiny_arch, hidden=cfg.model.tiny_hidden,
-                            layers=cfg.model.tiny_layers, seed=cfg.strategy.seed)  # fmt: skip
+            make_tiny_model(
+                path,
+                arch=cfg.model.tiny_arch,
+                hidden=cfg.model.tiny_hidden,
+                layers=cfg.model.tiny_layers,
+                seed=cfg.strategy.seed,
+            )
         strategy.barrier()
     model, processor = load_policy(path, cfg.model.dtype)
     ref_model = None
@@ -148,16 +180,26 @@ def train_policy(cfg: PolicyTrainConfig) -> dict[str, Any]:
 
     def prompts(source: str, size: int, seed: int) -> list[PromptRecord]:
         records = load_prompt_records(source, cfg, size, seed, processor)
-        return filter_by_prompt_length(records, processor, cfg.data.max_prompt_length, cfg.data.on_bad_record,
-                                       system_prompt=cfg.data.system_prompt or None,
-                                       prompt_template=cfg.data.prompt_template)  # fmt: skip
+        return filter_by_prompt_length(
+            records,
+            processor,
+            cfg.data.max_prompt_length,
+            cfg.data.on_bad_record,
+            system_prompt=cfg.data.system_prompt or None,
+            prompt_template=cfg.data.prompt_template,
+        )
 
     train_records = prompts(cfg.data.train_source, cfg.data.synthetic_train_size, cfg.train.seed)
-    eval_records = prompts(cfg.data.eval_source, cfg.data.synthetic_eval_size, cfg.train.seed + 10_000) \
-        if cfg.data.eval_source else []  # fmt: skip
+    eval_records = (
+        prompts(cfg.data.eval_source, cfg.data.synthetic_eval_size, cfg.train.seed + 10_000)
+        if cfg.data.eval_source
+        else []
+    )
     if len(train_records) < cfg.rollout.rollout_batch_size:
-        raise ConfigError(f"{cfg.data.train_source}: {len(train_records)} usable prompts, fewer than "
-                          f"rollout.rollout_batch_size={cfg.rollout.rollout_batch_size}")  # fmt: skip
+        raise ConfigError(
+            f"{cfg.data.train_source}: {len(train_records)} usable prompts, fewer than "
+            f"rollout.rollout_batch_size={cfg.rollout.rollout_batch_size}"
+        )
     pool = RewardPool(cfg.reward, device=strategy.device)
     critic = build_critic(cfg, path) if cfg.algorithm.advantage_estimator == "gae" else None
     accuracy = cfg.train.accuracy_source or next((s.name for s in cfg.reward.sources if s.kind == "verifier"), "")
@@ -166,11 +208,29 @@ def train_policy(cfg: PolicyTrainConfig) -> dict[str, Any]:
         raise ConfigError(f"train.accuracy_source={accuracy!r} must name a verifier source of reward.sources")
     accuracy_verifier = source.verifier or source.name
     total = cfg.train.max_steps or max(1, len(train_records) // cfg.rollout.rollout_batch_size) * cfg.train.num_episodes
-    tracker = Tracker(out, cfg, active=strategy.is_rank0, start_step=0, total_steps=total, desc="train-policy",
-                      console_keys=CONSOLE_KEYS)  # fmt: skip
-    trainer = PolicyTrainer(cfg, strategy, model, processor, train_records, pool, eval_records=eval_records,
-                            ref_model=ref_model, tracker=tracker, accuracy=(accuracy, accuracy_verifier), critic=critic,
-                            evaluate_fn=heldout_eval if eval_records else None)  # fmt: skip
+    tracker = Tracker(
+        out,
+        cfg,
+        active=strategy.is_rank0,
+        start_step=0,
+        total_steps=total,
+        desc="train-policy",
+        console_keys=CONSOLE_KEYS,
+    )
+    trainer = PolicyTrainer(
+        cfg,
+        strategy,
+        model,
+        processor,
+        train_records,
+        pool,
+        eval_records=eval_records,
+        ref_model=ref_model,
+        tracker=tracker,
+        accuracy=(accuracy, accuracy_verifier),
+        critic=critic,
+        evaluate_fn=heldout_eval if eval_records else None,
+    )
     result = trainer.fit()
     final = out / "final"
     strategy.save_pretrained(final, processor)

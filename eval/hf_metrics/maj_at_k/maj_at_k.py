@@ -18,9 +18,12 @@ Language Models}, author={Wang, Xuezhi and others}, journal={arXiv preprint arXi
 class MajAtK(evaluate.Metric):
     def _info(self):
         return evaluate.MetricInfo(
-            description=_DESCRIPTION, citation=_CITATION, inputs_description=_DESCRIPTION,
-            features=datasets.Features({"predictions": datasets.Sequence(datasets.Value("string")),
-                                        "references": datasets.Value("string")}),
+            description=_DESCRIPTION,
+            citation=_CITATION,
+            inputs_description=_DESCRIPTION,
+            features=datasets.Features(
+                {"predictions": datasets.Sequence(datasets.Value("string")), "references": datasets.Value("string")}
+            ),
         )
 
     def _compute(self, predictions, references, k=None):

@@ -15,7 +15,9 @@ author={Chen, Mark and others}, journal={arXiv preprint arXiv:2107.03374}, year=
 class PassAtK(evaluate.Metric):
     def _info(self):
         return evaluate.MetricInfo(
-            description=_DESCRIPTION, citation=_CITATION, inputs_description=_DESCRIPTION,
+            description=_DESCRIPTION,
+            citation=_CITATION,
+            inputs_description=_DESCRIPTION,
             features=datasets.Features({"predictions": datasets.Sequence(datasets.Value("int32"))}),
         )
 
