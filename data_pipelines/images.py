@@ -23,6 +23,11 @@ from PIL import Image, ImageOps
 
 from data_pipelines.errors import DataError
 
+try:  # the PIL image processor's module imports without torchvision
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
+except ImportError:  # older transformers keep it in the main module (torchvision-free there)
+    from transformers.models.qwen2_vl.image_processing_qwen2_vl import smart_resize
+
 IMAGE_FACTOR = 28  # patch 14 x spatial merge 2: one LLM token per 28x28 pixels
 DEFAULT_MIN_PIXELS = 4 * 28 * 28  # 3136: at least 4 image tokens
 DEFAULT_MAX_PIXELS = 16 * 28 * 28  # 12544: at most 16 image tokens (the tiny models' bounds)
@@ -69,7 +74,6 @@ def resize_for_qwen(
     factor: int = IMAGE_FACTOR,
 ) -> Image.Image:
     """Resize to transformers' ``smart_resize`` size (sides multiples of ``factor``, pixels within bounds)."""
-    smart_resize = _smart_resize()
     try:
         h, w = smart_resize(im.height, im.width, factor=factor, min_pixels=min_pixels, max_pixels=max_pixels)
     except ValueError as exc:  # aspect ratio over 200
@@ -86,15 +90,6 @@ def image_bounds(processor: Any) -> dict[str, int]:
     if lo is None or hi is None:
         raise ValueError(f"{type(ip).__name__} has no Qwen-VL pixel bounds (size shortest_edge/longest_edge)")
     return {"min_pixels": int(lo), "max_pixels": int(hi), "image_factor": int(ip.patch_size * ip.merge_size)}
-
-
-def _smart_resize():
-    """transformers' own ``smart_resize`` (imported on first use: importing transformers takes seconds)."""
-    try:  # the PIL image processor's module imports without torchvision
-        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
-    except ImportError:  # older transformers keep it in the main module (torchvision-free there)
-        from transformers.models.qwen2_vl.image_processing_qwen2_vl import smart_resize
-    return smart_resize
 
 
 def _read_bytes(src: Any, base_dir: str | Path | None) -> tuple[bytes, str]:

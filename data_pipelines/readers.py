@@ -20,6 +20,7 @@ from typing import Any
 from PIL import Image
 
 from data_pipelines.errors import DataError
+from data_pipelines.formatting import build_messages
 from data_pipelines.images import (
     DEFAULT_MAX_IMAGE_PIXELS,
     DEFAULT_MAX_PIXELS,
@@ -319,7 +320,6 @@ def prompt_length(
     record: Record, processor_or_tokenizer: Any, *, system_prompt: str | None = None, prompt_template: str | None = None
 ) -> int:
     """Tokens of the record's chat-formatted prompt (generation prompt and image tokens included)."""
-    from data_pipelines.formatting import build_messages
 
     proc = processor_or_tokenizer
     messages = build_messages(record, system_prompt=system_prompt, prompt_template=prompt_template)

@@ -10,10 +10,13 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 import re
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 from data_pipelines.errors import DataError
 
@@ -241,9 +244,6 @@ def _saved_dataset_rows(path: Path, split: str | None) -> Rows:
 
 def hub_reachable(timeout: float = 5.0) -> bool:
     """Whether the hub's host accepts a connection within ``timeout`` seconds."""
-    import os
-    import socket
-    from urllib.parse import urlparse
 
     url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
     try:
@@ -256,7 +256,6 @@ def hub_reachable(timeout: float = 5.0) -> bool:
 
 
 def _hub_offline() -> bool:
-    import os
 
     return any(
         os.environ.get(k, "").upper() in ("1", "ON", "YES", "TRUE") for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")

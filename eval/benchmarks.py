@@ -13,7 +13,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
+from data_pipelines.converters import convert_geo3k, convert_gsm8k
+from data_pipelines.readers import read_records
 from data_pipelines.records import PromptRecord
+from data_pipelines.sources import open_rows
+from reward_models.verifiers import VERIFIERS
 
 Loader = Callable[[str | Path, str], list[PromptRecord]]
 
@@ -35,7 +39,6 @@ class Benchmark:
 
 
 def _first_row(data: str | Path, split: str) -> dict:
-    from data_pipelines.sources import open_rows
 
     rows, _, _ = open_rows(data, split=split)
     for _, row in rows:
@@ -45,7 +48,6 @@ def _first_row(data: str | Path, split: str) -> dict:
 
 def read_prompt_records(data: str | Path, split: str = "test") -> list[PromptRecord]:
     """Prompt records as written by ``vlrft prepare-data`` (or any source ``read_records`` reads)."""
-    from data_pipelines.readers import read_records
 
     records, _ = read_records(data, "prompt", split=split, load_images=False)
     path = Path(data)
@@ -61,7 +63,6 @@ def _is_relative_path(s: str) -> bool:
 
 def load_gsm8k(data: str | Path, split: str = "test") -> list[PromptRecord]:
     """GSM8K from the OpenAI layout (``question``/``answer``), the hub layout, or prepared records."""
-    from data_pipelines.converters import convert_gsm8k
 
     if "question" in _first_row(data, split):
         return convert_gsm8k(data, split)[0]
@@ -70,7 +71,6 @@ def load_gsm8k(data: str | Path, split: str = "test") -> list[PromptRecord]:
 
 def load_geo3k(data: str | Path, split: str = "test") -> list[PromptRecord]:
     """Geometry3K (free-form) from the InterGPS folder layout, the hub layout, or prepared records."""
-    from data_pipelines.converters import convert_geo3k
 
     path = Path(data)
     folder = path / split if (path / split).is_dir() else path
@@ -153,7 +153,6 @@ def user_benchmark(
     name: str, verifier: str, prompt_template: str | None = "plain", *, split: str = "test", description: str = ""
 ) -> Benchmark:
     """A benchmark over prompt records (any source ``read_records`` reads) scored by ``verifier``."""
-    from reward_models.verifiers import VERIFIERS
 
     if verifier not in VERIFIERS:
         raise ValueError(f"benchmark {name!r}: unknown verifier {verifier!r}; known: {', '.join(sorted(VERIFIERS))}")

@@ -11,6 +11,9 @@ from typing import Any
 
 import torch
 
+from data_pipelines.collate import encode_prompt
+from vlrft.rollout import SamplingParams
+
 
 @dataclass
 class Generation:
@@ -36,8 +39,6 @@ def generate_with_engine(
     """``n`` responses per record (prompt-major) from ``engine``; in training it is the trainer's own
     engine (sharded models, vLLM). ``image_kwargs`` size images that are not loaded yet (default: the
     processor's own bounds)."""
-    from data_pipelines.collate import encode_prompt
-    from vlrft.rollout import SamplingParams
 
     sample = temperature > 0
     prompts = [

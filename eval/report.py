@@ -13,6 +13,8 @@ import json
 from pathlib import Path
 from typing import Any, Sequence
 
+from data_pipelines.images import load_image
+
 THUMBNAIL_PX = 384
 _STYLE = """
 body{font-family:system-ui,sans-serif;margin:1.5em;max-width:70em}
@@ -30,7 +32,6 @@ el.style.display=(which==='all'||el.classList.contains(which))?'':'none';}}
 
 def image_data_uri(image: Any) -> str | None:
     """A PNG data URI of a record image (path, bytes, data URI, dict or PIL), shrunk to a thumbnail."""
-    from data_pipelines.images import load_image
 
     try:
         im = load_image(image, max_pixels=None)

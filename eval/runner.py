@@ -18,11 +18,19 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 
+import torch
+from tqdm import tqdm
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
+
+import vlrft.models  # noqa: F401  registers the image-only processors
+from data_pipelines.formatting import apply_template
 from data_pipelines.records import PromptRecord
 from eval.benchmarks import Benchmark, get_benchmark
 from eval.generation import Generation, generate_with_engine
 from eval.metrics import summarize
+from eval.report import write_report
 from reward_models.verifiers import Verifier, get_verifier
+from vlrft.rollout import make_engine
 
 logger = logging.getLogger("eval")
 SAMPLES, METRICS, REPORT, RUN = "samples.jsonl", "metrics.json", "report.html", "run.json"
@@ -157,12 +165,9 @@ def evaluate(
     ``model``). Images not loaded yet are loaded by ``data_pipelines.images.load_image(**image_kwargs)``
     (default: the processor's own pixel bounds).
     """
-    from data_pipelines.formatting import apply_template
 
     bench = get_benchmark(benchmark)
     if engine is None:
-        from vlrft.rollout import make_engine
-
         engine = make_engine("hf", model, processor_or_tokenizer, micro_batch_size=batch_size)
     verifier = get_verifier(bench.verifier)
     if n < 1 or batch_size < 1:
@@ -198,8 +203,6 @@ def evaluate(
     batches = [list(records[i : i + batch_size]) for i in range(0, len(records), batch_size)]
     bar = None
     if progress:
-        from tqdm import tqdm
-
         bar = tqdm(total=len(records), initial=sum(r.id in done for r in records), desc=f"eval {bench.name}")
     try:
         for index, batch in enumerate(batches):
@@ -236,8 +239,6 @@ def evaluate(
     if out_dir is not None:
         _write_json(Path(out_dir) / METRICS, {**metrics, "settings": settings})
         if report:
-            from eval.report import write_report
-
             write_report(
                 Path(out_dir) / REPORT, metrics, rows, records, title=f"{bench.name}: {settings.get('model', '')}"
             )
@@ -247,10 +248,6 @@ def evaluate(
 def load_policy(model: str | Path, *, device: str = "cpu", dtype: str | None = None) -> tuple[Any, Any]:
     """(model, processor or tokenizer) from an HF model folder, a ``train-policy`` checkpoint folder
     (its ``hf/`` export is used) or a hub id (only when online)."""
-    import torch
-    from transformers import AutoConfig
-
-    import vlrft.models  # noqa: F401  registers the image-only processors
 
     path = Path(model).expanduser()
     if path.exists():
@@ -271,13 +268,9 @@ def load_policy(model: str | Path, *, device: str = "cpu", dtype: str | None = N
     config = AutoConfig.from_pretrained(name)
     kwargs = {"dtype": getattr(torch, dtype)} if dtype else {}
     if getattr(config, "vision_config", None) is not None:
-        from transformers import AutoModelForImageTextToText, AutoProcessor
-
         policy = AutoModelForImageTextToText.from_pretrained(name, **kwargs)
         processor = AutoProcessor.from_pretrained(name)
     else:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
         policy = AutoModelForCausalLM.from_pretrained(name, **kwargs)
         processor = AutoTokenizer.from_pretrained(name)
     return policy.to(device).eval(), processor

@@ -12,15 +12,18 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from transformers import AutoConfig, AutoProcessor, AutoTokenizer
 
-from data_pipelines.collate import tokenizer_of
+import vlrft.models  # noqa: F401  (image-only processors)
+from data_pipelines.collate import processor_image_kwargs, tokenizer_of
+from data_pipelines.formatting import build_messages, text_only_messages
+from data_pipelines.images import load_image
+from data_pipelines.records import PromptRecord
 
 
 def load_images(images: list[Any], processor: Any) -> list[Any]:
     """Records' images as RGB PIL images sized by the processor's own pixel bounds (paths, bytes, data
     URIs or PIL objects)."""
-    from data_pipelines.collate import processor_image_kwargs
-    from data_pipelines.images import load_image
 
     kwargs = processor_image_kwargs(processor)
     return [load_image(im, **kwargs) for im in images]
@@ -29,8 +32,6 @@ def load_images(images: list[Any], processor: Any) -> list[Any]:
 def conversation(prompt: str, images: list[Any], response: str | None, system: str | None = None) -> list[dict]:
     """Chat messages: optional system turn, the user turn with ``images`` inline (at the ``<image>``
     placeholders, else first) and, when ``response`` is given, the response as the assistant turn."""
-    from data_pipelines.formatting import build_messages
-    from data_pipelines.records import PromptRecord
 
     record = PromptRecord(id="", prompt=prompt, images=list(images), system=system)
     return build_messages(record, response=response)
@@ -38,9 +39,6 @@ def conversation(prompt: str, images: list[Any], response: str | None, system: s
 
 def load_processor(path: str | Any) -> Any:
     """The processor of a Qwen-VL folder, or the tokenizer of a text-only one."""
-    from transformers import AutoConfig, AutoProcessor, AutoTokenizer
-
-    import vlrft.models  # noqa: F401  (image-only processors)
 
     if hasattr(AutoConfig.from_pretrained(str(path)), "vision_config"):
         return AutoProcessor.from_pretrained(str(path))
@@ -54,8 +52,6 @@ def _is_processor(processor: Any) -> bool:
 def render(processor: Any, messages: list[dict], add_generation_prompt: bool = False) -> str:
     """Chat-template text of ``messages`` (a finished assistant turn loses the template's trailing newline)."""
     if not _is_processor(processor):
-        from data_pipelines.formatting import text_only_messages
-
         messages = text_only_messages(messages)
     text = processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
     if not add_generation_prompt and text.endswith("<|im_end|>\n"):

@@ -14,6 +14,12 @@ from typing import Any
 
 import torch
 
+from data_pipelines import synthetic
+from data_pipelines.readers import read_records
+from reward_models.encoding import load_processor
+from reward_models.generative import generate_judgments, load_judge, make_synthetic_judgments, parse_judgment
+from reward_models.scalar import HEAD_CONFIG, ScalarRewardModel, score_responses
+
 
 def load_eval_records(
     data: str,
@@ -24,8 +30,6 @@ def load_eval_records(
 ) -> list:
     """Records from a file/folder, or ``synthetic:TASK[:N[:SEED]]`` (default 128 records, seed 1)."""
     if data.startswith("synthetic:"):
-        from data_pipelines import synthetic
-
         parts = data.split(":")
         task = parts[1]
         n = int(parts[2]) if len(parts) > 2 else 128
@@ -34,11 +38,8 @@ def load_eval_records(
         if kind == "preference":
             return synthetic.make_preference_pairs(task, n, seed, **opts)
         if judge_mode == "pointwise":  # the pool's judge format (as train-reward-model's synthetic data)
-            from reward_models.generative import make_synthetic_judgments
-
             return make_synthetic_judgments(task, n, seed, **opts)
         return synthetic.make_judgment_records(task, n, seed, mode="pairwise", **opts)
-    from data_pipelines.readers import read_records
 
     records, report = read_records(data, kind=kind, on_bad_record=on_bad_record)
     if report.skipped:
@@ -58,14 +59,10 @@ def evaluate_reward_model(
     device: str | None = None,
 ) -> dict[str, Any]:
     """Metrics of the reward model in ``model_dir`` on ``data`` (see the module doc)."""
-    from reward_models.scalar import HEAD_CONFIG
 
     model_dir = Path(model_dir)
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if (model_dir / HEAD_CONFIG).is_file():
-        from reward_models.encoding import load_processor
-        from reward_models.scalar import ScalarRewardModel, score_responses
-
         pairs = load_eval_records(data, "preference", on_bad_record, synthetic_options)
         model = ScalarRewardModel.from_pretrained(model_dir).to(dev)
         processor = load_processor(str(model_dir))
@@ -81,7 +78,6 @@ def evaluate_reward_model(
             "pairwise_accuracy": float(((chosen > rejected) & keep).sum()) / max(n, 1),
             "mean_margin": float((chosen - rejected)[keep].mean()) if n else float("nan"),
         }
-    from reward_models.generative import generate_judgments, load_judge, parse_judgment
 
     records = load_eval_records(data, "judgment", on_bad_record, synthetic_options, judge_mode)
     model, processor = load_judge(model_dir)

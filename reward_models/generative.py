@@ -21,14 +21,20 @@ in that format.
 from __future__ import annotations
 
 import math
+import random
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
+from data_pipelines.collate import encode_prompt
 from data_pipelines.records import JudgmentRecord, PromptRecord
+from data_pipelines.synthetic import make_prompt_records
+from reward_models.encoding import load_processor
+from vlrft.rollout import SamplingParams, make_engine
 
 ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
 YES = ("yes", "true", "correct")
@@ -131,9 +137,6 @@ def make_synthetic_judgments(
     side by side (train with ``data.group_size: 2``). Otherwise ``n`` prompts with the right and a wrong
     candidate alternating. Wrong candidates are drawn from the task's answer vocabulary.
     """
-    import random
-
-    from data_pipelines.synthetic import make_prompt_records
 
     rng = random.Random(f"vlrft-judge/{task}/{seed}")
     out: list[JudgmentRecord] = []
@@ -191,9 +194,6 @@ class GenerativeRewardModel:
 
 def load_judge(path: str | Path, dtype: torch.dtype | None = None) -> tuple[Any, Any]:
     """A judge checkpoint: ``AutoModelForImageTextToText`` (VL) or ``AutoModelForCausalLM`` (text), + processor."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
-
-    from reward_models.encoding import load_processor
 
     is_vl = hasattr(AutoConfig.from_pretrained(str(path)), "vision_config")
     auto = AutoModelForImageTextToText if is_vl else AutoModelForCausalLM
@@ -212,9 +212,6 @@ def generate_judgments(
 ) -> list[str]:
     """Greedy judgments for ``(user_text, images, system)`` items, through the ``hf`` rollout engine (the
     policy's generation path: sharded judges generate in lockstep with ``synced_gpus``)."""
-    from data_pipelines.collate import encode_prompt
-    from data_pipelines.records import PromptRecord
-    from vlrft.rollout import SamplingParams, make_engine
 
     engine = make_engine("hf", model, processor, synced=synced_gpus, micro_batch_size=micro_batch_size)
     prompts = [

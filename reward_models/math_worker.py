@@ -16,6 +16,7 @@ each other's hostile inputs. Children exit when their stdin closes (the parent w
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import select
@@ -127,7 +128,6 @@ def math_equivalent(gold: str, pred: str, timeout_s: float) -> bool | None:
 
 
 def _serve() -> None:  # runs in the child process
-    import logging
     import resource
 
     resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT_BYTES, MEMORY_LIMIT_BYTES))

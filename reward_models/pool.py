@@ -29,7 +29,10 @@ from typing import Optional
 import torch
 
 from data_pipelines.records import PromptRecord
-from reward_models.generative import JUDGE_SYSTEM_PROMPT, POINTWISE_JUDGE_TEMPLATE
+from reward_models.encoding import load_processor
+from reward_models.generative import JUDGE_SYSTEM_PROMPT, POINTWISE_JUDGE_TEMPLATE, GenerativeRewardModel
+from reward_models.scalar import ScalarRewardModel, score_responses
+from reward_models.verifiers import get_verifier
 from vlrft.config import option
 
 KINDS = ("verifier", "srm", "grm")
@@ -109,7 +112,6 @@ class VerifierSource:
     kind = "verifier"
 
     def __init__(self, cfg: RewardSourceConfig):
-        from reward_models.verifiers import get_verifier
 
         self.cfg, self.name = cfg, cfg.name
         self.verifier = get_verifier(cfg.verifier or cfg.name, **dict(cfg.verifier_options))
@@ -125,14 +127,9 @@ class NeuralSource:
         self.cfg, self.name, self.kind = cfg, cfg.name, cfg.kind
         self.device, self.offload = device, offload
         if cfg.kind == "srm":
-            from reward_models.encoding import load_processor
-            from reward_models.scalar import ScalarRewardModel
-
             self.model = ScalarRewardModel.from_pretrained(cfg.path)
             self.processor = load_processor(cfg.path)
         else:
-            from reward_models.generative import GenerativeRewardModel
-
             self.grm = GenerativeRewardModel.from_pretrained(
                 cfg.path,
                 template=cfg.judge_template,
@@ -169,8 +166,6 @@ class NeuralSource:
         self._load()
         try:
             if self.kind == "srm":
-                from reward_models.scalar import score_responses
-
                 rewards = score_responses(
                     self.model, self.processor, items, self.cfg.micro_batch_size, self.cfg.max_length, self.device
                 )

@@ -22,7 +22,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import load_file, save_file
 from torch import nn
+from transformers import AutoModel
+
+import vlrft.models  # noqa: F401  (image-only processors)
+from reward_models.encoding import encode_responses, model_inputs
 
 HEAD_CONFIG = "vlrft_reward_head.json"
 HEAD_WEIGHTS = "reward_head.safetensors"
@@ -65,9 +70,6 @@ class ScalarRewardModel(nn.Module):
         cls, path: str | Path, pooling: str = "last_token", dtype: torch.dtype | None = None, seed: int = 0
     ) -> ScalarRewardModel:
         """A new SRM (fresh head) on the backbone of a Qwen(-VL) checkpoint folder."""
-        from transformers import AutoModel
-
-        import vlrft.models  # noqa: F401  (image-only processors)
 
         backbone = AutoModel.from_pretrained(str(path), dtype=dtype or torch.float32)
         return cls(backbone, pooling=pooling, seed=seed)
@@ -75,7 +77,6 @@ class ScalarRewardModel(nn.Module):
     @classmethod
     def from_pretrained(cls, path: str | Path, dtype: torch.dtype | None = None) -> ScalarRewardModel:
         """Reload a folder written by :meth:`save_pretrained`."""
-        from safetensors.torch import load_file
 
         path = Path(path)
         cfg_file = path / HEAD_CONFIG
@@ -134,7 +135,6 @@ class ScalarRewardModel(nn.Module):
 
         ``state_dict`` (e.g. a gathered full state dict from FSDP2/DeepSpeed) replaces the module's own.
         """
-        from safetensors.torch import save_file
 
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
@@ -159,7 +159,6 @@ def score_responses(
     device: torch.device | str | None = None,
 ) -> torch.Tensor:
     """Rewards ``[N]`` (float32, CPU) of ``(prompt, images, response, system)`` items, in micro-batches."""
-    from reward_models.encoding import encode_responses, model_inputs
 
     device = device or next(model.parameters()).device
     was_training = model.training

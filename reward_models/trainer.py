@@ -17,14 +17,23 @@ from typing import Any
 
 import torch
 
+from data_pipelines.readers import read_records
+from data_pipelines.synthetic import make_preference_pairs
 from reward_models.config import RewardModelTrainConfig
 from reward_models.encoding import encode_responses, encode_sft, model_inputs
-from reward_models.generative import generate_judgments, parse_judgment
+from reward_models.generative import (
+    generate_judgments,
+    load_judge,
+    make_synthetic_judgments,  # in the pool's judge format
+    parse_judgment,
+)
 from reward_models.losses import bradley_terry_loss, judge_sft_loss
+from reward_models.scalar import ScalarRewardModel
+from vlrft import checkpoints
+from vlrft.config import save_config
+from vlrft.models.tiny import make_tiny_model
+from vlrft.strategies import make_strategy, rng_state, seed_everything, set_rng_state
 from vlrft.tracking import Tracker
-from vlrft.trainer.checkpoints import latest_checkpoint, prune_checkpoints
-
-CKPT_PREFIX = "step_"
 
 
 # -- data ----------------------------------------------------------------------------------------
@@ -35,13 +44,10 @@ def load_records(cfg: RewardModelTrainConfig) -> tuple[list, list]:
     if not d.train_source:
         opts = dict(d.synthetic_options)
         if kind == "preference":
-            from data_pipelines.synthetic import make_preference_pairs
-
             return (
                 make_preference_pairs(d.synthetic_task, d.synthetic_train_size, d.synthetic_seed, **opts),
                 make_preference_pairs(d.synthetic_task, d.synthetic_eval_size, d.synthetic_seed + 1, **opts),
             )
-        from reward_models.generative import make_synthetic_judgments  # in the pool's judge format
 
         return (
             make_synthetic_judgments(
@@ -58,7 +64,6 @@ def load_records(cfg: RewardModelTrainConfig) -> tuple[list, list]:
 
 
 def _read(source: str, kind: str, on_bad_record: str) -> list:
-    from data_pipelines.readers import read_records
 
     records, report = read_records(source, kind=kind, on_bad_record=on_bad_record)
     if report.skipped:
@@ -189,23 +194,9 @@ def evaluate(model: Any, processor: Any, records: list, cfg: RewardModelTrainCon
     return out
 
 
-# -- checkpoints ---------------------------------------------------------------------------------
-def _resume_path(cfg: RewardModelTrainConfig, root: Path) -> Path | None:
-    if cfg.train.resume == "never":
-        return None
-    if cfg.train.resume == "auto":
-        return latest_checkpoint(root, CKPT_PREFIX)
-    path = Path(cfg.train.resume)
-    if not (path / "COMPLETE").is_file():
-        raise FileNotFoundError(f"train.resume={cfg.train.resume}: not a complete checkpoint folder")
-    return path
-
-
 # -- the loop ------------------------------------------------------------------------------------
 def build_model(cfg: RewardModelTrainConfig) -> tuple[torch.nn.Module, Any]:
     """The model to train and its processor (tokenizer for text-only checkpoints)."""
-    from reward_models.generative import load_judge
-    from reward_models.scalar import ScalarRewardModel
 
     dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
     if not cfg.model.path:
@@ -222,14 +213,10 @@ def train_reward_model(cfg: RewardModelTrainConfig, records: tuple[list, list] |
 
     ``records`` = (train, held-out) in memory replaces ``cfg.data`` (programmatic use).
     """
-    from vlrft.config import save_config
-    from vlrft.strategies import make_strategy, seed_everything, set_rng_state
 
     out = Path(cfg.train.output_dir)
     strategy = make_strategy(cfg.strategy, cfg.optim)
     if not cfg.model.path:  # a tiny random Qwen2.5-VL (same seed, same bytes on every rank)
-        from vlrft.models.tiny import make_tiny_model
-
         tiny = out / "tiny_base"
         if strategy.is_rank0 and not (tiny / "vlrft_tiny.json").is_file():
             make_tiny_model(tiny, arch="qwen2_5_vl", seed=cfg.strategy.seed)
@@ -243,7 +230,7 @@ def train_reward_model(cfg: RewardModelTrainConfig, records: tuple[list, list] |
     model, _, _ = strategy.prepare(model, total_steps=cfg.train.max_steps)
     ckpt_root = out / "checkpoints"
     start = 0
-    resume = _resume_path(cfg, ckpt_root)
+    resume = checkpoints.resume_path(ckpt_root, cfg.train.resume)
     if resume is not None:
         client = strategy.load_checkpoint(resume)
         start = client["step"]
@@ -308,12 +295,5 @@ def train_reward_model(cfg: RewardModelTrainConfig, records: tuple[list, list] |
 
 
 def _save(strategy: Any, root: Path, step: int, keep_last: int) -> None:
-    from vlrft.strategies import rng_state
-
-    path = root / f"{CKPT_PREFIX}{step:08d}"
-    if path.exists() and (path / "COMPLETE").is_file():
-        return
-    strategy.save_checkpoint(path, {"step": step, "rng": rng_state()})
-    if strategy.is_rank0:
-        prune_checkpoints(root, keep_last, CKPT_PREFIX)
-    strategy.barrier()
+    if not (checkpoints.checkpoint_dir(root, step) / "COMPLETE").is_file():  # a resumed finished run
+        checkpoints.save_checkpoint(strategy, root, step, {"step": step, "rng": rng_state()}, keep_last)

@@ -24,6 +24,7 @@ from reward_models.math_answers import (
     number_key,
     parse_number,
 )
+from reward_models.math_worker import math_equivalent
 
 MAX_RESPONSE_CHARS = 400_000
 MAX_ANSWER_CHARS = 1_000  # extracted answers longer than this are not parsed (math_boxed)
@@ -133,7 +134,6 @@ class MathBoxedVerifier(Verifier):
         a, b = parse_number(gold), parse_number(extracted)
         if a is not None and a == b:  # unequal numbers still go to math-verify (50\% vs 0.5)
             return VerifierResult(1.0, extracted, True, True)
-        from reward_models.math_worker import math_equivalent
 
         equal = math_equivalent(gold, extracted, self.timeout_s)
         if equal is None:

@@ -85,7 +85,7 @@ def test_srm_learns_colour_preferences_and_eval_command_agrees(tiny_model, tmp_p
     assert last["step"] == 40 and last["eval/pairwise_accuracy"] >= 0.9 and last["eval/n"] == 64
     assert (run / "config.yaml").is_file() and any((run / "tensorboard").iterdir())
     assert list((run / "wandb").glob("offline-run-*"))  # wandb writes offline by default
-    assert [p.name for p in (run / "checkpoints").iterdir()] == ["step_00000040"]
+    assert [p.name for p in (run / "checkpoints").iterdir()] == ["step-000040"]
     # the exported model reloads without training state and scores the same held-out set the same way
     capsys.readouterr()
     rc = main(
@@ -227,7 +227,7 @@ def test_killed_torchrun_run_resumes_exactly(tiny_model, tmp_path):
     proc = subprocess.Popen(
         _torchrun(args, 1), env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
     )
-    ckpt = run / "checkpoints" / "step_00000004" / "COMPLETE"
+    ckpt = run / "checkpoints" / "step-000004" / "COMPLETE"
     deadline = time.time() + 600
     while not ckpt.exists() and proc.poll() is None and time.time() < deadline:
         time.sleep(0.05)
@@ -239,7 +239,7 @@ def test_killed_torchrun_run_resumes_exactly(tiny_model, tmp_path):
     assert "resumed from" in res.stdout + res.stderr
     assert _max_diff(_state(run / "model"), _state(ref / "model")) < 1e-6
     kept = sorted(p.name for p in (run / "checkpoints").iterdir())
-    assert kept == ["step_00000006", "step_00000008"]  # keep_last=2
+    assert kept == ["step-000006", "step-000008"]  # keep_last=2
 
 
 def test_preference_file_with_a_bad_row_is_refused_by_line_or_skipped_and_counted(tiny_model, tmp_path, capsys):

@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from tqdm import tqdm
 
 from vlrft.config import option
 
@@ -55,8 +58,6 @@ class Tracker:
 
             self.tb = SummaryWriter(str(self.out / "tensorboard"))
         if log.wandb != "disabled":
-            import os
-
             os.environ.setdefault("WANDB_SILENT", "true")  # no banner and run summary on the console
             import wandb
 
@@ -68,8 +69,6 @@ class Tracker:
                 resume="allow",
             )
         if log.progress_bar:
-            from tqdm import tqdm
-
             self.bar = tqdm(total=total_steps, initial=start_step, desc=desc, file=sys.stderr, dynamic_ncols=True)
 
     def print(self, text: str) -> None:

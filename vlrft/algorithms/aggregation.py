@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import torch
+import torch.distributed as dist
 
 from vlrft.algorithms.masked import masked_sum
 
@@ -84,7 +85,6 @@ def _positive(count: int | float | Tensor) -> int | float | Tensor:
 
 
 def _all_reduce_sum(total: Tensor, group=None) -> int:
-    import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
         dist.all_reduce(total, op=dist.ReduceOp.SUM, group=group)

@@ -14,7 +14,7 @@ from typing import Iterable
 import torch
 
 from data_pipelines.collate import EncodedPrompt, collate_prompts, tokenizer_of
-from vlrft.rollout import Rollout, SamplingParams
+from vlrft.rollout.base import Rollout, SamplingParams
 
 _EMBED_ONCE_TYPES = ("qwen2_vl", "qwen2_5_vl")
 _VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>")

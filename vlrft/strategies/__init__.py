@@ -9,21 +9,18 @@ from vlrft.strategies.base import (
     seed_everything,
     set_rng_state,
 )
+from vlrft.strategies.deepspeed import DeepSpeedStrategy
+from vlrft.strategies.fsdp2 import FSDP2Strategy
+from vlrft.strategies.single import SingleStrategy
 
 
 def make_strategy(cfg: StrategyConfig, optim: OptimConfig | None = None) -> Strategy:
     """Build the strategy ``cfg.name`` (initialising torch.distributed from torchrun's environment)."""
     if cfg.name == "single":
-        from vlrft.strategies.single import SingleStrategy
-
         return SingleStrategy(cfg, optim)
     if cfg.name == "fsdp2":
-        from vlrft.strategies.fsdp2 import FSDP2Strategy
-
         return FSDP2Strategy(cfg, optim)
     if cfg.name == "deepspeed":
-        from vlrft.strategies.deepspeed import DeepSpeedStrategy
-
         return DeepSpeedStrategy(cfg, optim)
     raise ValueError(f"unknown strategy {cfg.name!r}; choose single, fsdp2 or deepspeed")
 

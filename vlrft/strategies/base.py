@@ -8,10 +8,10 @@ full-state export. Trainers call only these methods, so the same loop runs on on
 
 from __future__ import annotations
 
+import copy
 import math
 import os
 import random
-import shutil
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -21,6 +21,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from vlrft.checkpoints import atomic_dir, commit_dir
 from vlrft.config import option
 
 
@@ -121,22 +122,6 @@ def make_optimizer(params, cfg: OptimConfig) -> torch.optim.Optimizer:
         eps=cfg.eps,
         weight_decay=cfg.weight_decay,
     )
-
-
-def atomic_dir(final: Path) -> Path:
-    """A fresh temporary sibling of ``final``; :func:`commit_dir` renames it into place."""
-    tmp = final.with_name(final.name + ".tmp")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    return tmp
-
-
-def commit_dir(tmp: Path, final: Path) -> None:
-    (tmp / "COMPLETE").write_text("ok\n")
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
 
 
 class Strategy:
@@ -295,8 +280,6 @@ class Strategy:
         if self.is_rank0:
             model = self.unwrap()
             if hasattr(model, "merge_and_unload") and self.cfg.lora_rank > 0:
-                import copy
-
                 merged = copy.deepcopy(model)
                 merged.load_state_dict(state)
                 model, state = merged.merge_and_unload(), None

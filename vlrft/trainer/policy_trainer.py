@@ -20,6 +20,7 @@ import torch
 
 from data_pipelines.collate import collate_sequences, encode_prompt, tokenizer_of
 from data_pipelines.records import PromptRecord
+from vlrft import checkpoints
 from vlrft.algorithms import (
     AdaptiveKLController,
     FixedKLController,
@@ -39,7 +40,6 @@ from vlrft.algorithms import (
 )
 from vlrft.rollout import SamplingParams, make_engine
 from vlrft.strategies import Strategy, rng_state, set_rng_state
-from vlrft.trainer.checkpoints import latest_checkpoint, prune_checkpoints
 from vlrft.trainer.config import PolicyTrainConfig
 from vlrft.trainer.experience import Experience, response_logprobs, response_tensors, response_values, score_responses
 
@@ -535,22 +535,17 @@ class PolicyTrainer:
         }
 
     def save_checkpoint(self) -> Path:
-        path = self.out / "checkpoints" / f"step-{self.step:06d}"
+        keep = self.cfg.train.keep_last
         if self.critic is not None:  # written first: a policy checkpoint implies its critic is complete
-            self.critic_strategy.save_checkpoint(self.out / "critic_checkpoints" / path.name, {"step": self.step})
-            if self.strategy.is_rank0:
-                prune_checkpoints(self.out / "critic_checkpoints", self.cfg.train.keep_last)
-        self.strategy.save_checkpoint(path, self._client_state())
-        if self.strategy.is_rank0:
-            prune_checkpoints(self.out / "checkpoints", self.cfg.train.keep_last)
-        self.strategy.barrier()
-        return path
+            checkpoints.save_checkpoint(
+                self.critic_strategy, self.out / "critic_checkpoints", self.step, {"step": self.step}, keep
+            )
+        return checkpoints.save_checkpoint(
+            self.strategy, self.out / "checkpoints", self.step, self._client_state(), keep
+        )
 
     def _maybe_resume(self) -> None:
-        resume = self.cfg.train.resume
-        if resume == "never":
-            return
-        path = latest_checkpoint(self.out / "checkpoints") if resume == "auto" else Path(resume)
+        path = checkpoints.resume_path(self.out / "checkpoints", self.cfg.train.resume)
         if path is None:
             return
         state = self.strategy.load_checkpoint(path)

@@ -3,14 +3,28 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
 
+import vlrft.models  # noqa: F401  (image-only processors for machines without torchvision)
+from data_pipelines.images import image_bounds
+from data_pipelines.readers import filter_by_prompt_length, read_records
 from data_pipelines.records import PromptRecord
+from data_pipelines.synthetic import make_prompt_records
+from eval.benchmarks import user_benchmark
+from eval.runner import evaluate
+from reward_models.pool import RewardPool
+from reward_models.scalar import HEAD_CONFIG, ScalarRewardModel
 from vlrft.config import ConfigError, save_config
+from vlrft.models.tiny import make_tiny_model
+from vlrft.strategies import make_strategy, seed_everything
+from vlrft.tracking import Tracker
 from vlrft.trainer.config import SYNTHETIC_PREFIX, PolicyTrainConfig
+from vlrft.trainer.policy_trainer import PolicyTrainer
 
 # the console line of a step (everything goes to metrics.jsonl, TensorBoard and wandb)
 CONSOLE_KEYS = (
@@ -30,9 +44,6 @@ CONSOLE_KEYS = (
 
 def load_policy(path: str, dtype: str = "float32") -> tuple[torch.nn.Module, Any]:
     """A Qwen-VL (``AutoModelForImageTextToText`` + processor) or text Qwen (causal LM + tokenizer)."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
-
-    import vlrft.models  # noqa: F401  (image-only processors for machines without torchvision)
 
     torch_dtype = torch.bfloat16 if dtype == "bfloat16" else torch.float32
     config = AutoConfig.from_pretrained(path)
@@ -47,10 +58,6 @@ def load_policy(path: str, dtype: str = "float32") -> tuple[torch.nn.Module, Any
 
 def build_critic(cfg: PolicyTrainConfig, policy_path: str):
     """The PPO value model (a ScalarRewardModel read per token) and its own strategy instance."""
-    from dataclasses import replace
-
-    from reward_models.scalar import HEAD_CONFIG, ScalarRewardModel
-    from vlrft.strategies import make_strategy
 
     path = cfg.critic.path or policy_path
     dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
@@ -68,11 +75,7 @@ def load_prompt_records(
     """``synthetic:TASK`` draws a synthetic task; anything else is read by data_pipelines.readers, its
     images sized by the processor's own pixel bounds."""
     if source.startswith(SYNTHETIC_PREFIX):
-        from data_pipelines.synthetic import make_prompt_records
-
         return make_prompt_records(source[len(SYNTHETIC_PREFIX) :], size, seed=seed, **cfg.data.synthetic_options)
-    from data_pipelines.images import image_bounds
-    from data_pipelines.readers import read_records
 
     bounds = image_bounds(processor) if getattr(processor, "image_processor", None) is not None else {}
     records, _ = read_records(
@@ -89,8 +92,6 @@ def heldout_eval(trainer, records: list[PromptRecord] | None = None) -> dict[str
     """Held-out evaluation with the eval harness (``eval.runner.evaluate``) through the trainer's rollout
     engine: ``train.eval_n`` responses per prompt at ``train.eval_temperature``, scored by the accuracy
     source's verifier. Each rank evaluates its share; scalar metrics are averaged weighted by problems."""
-    from eval.benchmarks import user_benchmark
-    from eval.runner import evaluate
 
     cfg, s = trainer.cfg, trainer.strategy
     records = trainer.eval_records if records is None else records
@@ -147,10 +148,6 @@ def plot_curves(history: list[dict[str, float]], evals: list[tuple[int, float]],
 
 def train_policy(cfg: PolicyTrainConfig) -> dict[str, Any]:
     """Run ``vlrft train-policy`` with a resolved config; returns the summary (also in summary.json)."""
-    from reward_models.pool import RewardPool
-    from vlrft.strategies import make_strategy, seed_everything
-    from vlrft.tracking import Tracker
-    from vlrft.trainer.policy_trainer import PolicyTrainer
 
     out = Path(cfg.train.output_dir)
     strategy = make_strategy(cfg.strategy, cfg.optim)
@@ -162,8 +159,6 @@ def train_policy(cfg: PolicyTrainConfig) -> dict[str, Any]:
     if not path:
         path = str(out / "initial-model")
         if strategy.is_rank0 and not (out / "initial-model" / "config.json").is_file():
-            from vlrft.models.tiny import make_tiny_model
-
             make_tiny_model(
                 path,
                 arch=cfg.model.tiny_arch,
@@ -176,7 +171,6 @@ def train_policy(cfg: PolicyTrainConfig) -> dict[str, Any]:
     ref_model = None
     if cfg.algorithm.kl_coef > 0:
         ref_model, _ = strategy.prepare(load_policy(path, cfg.model.dtype)[0], trainable=False)[:2]
-    from data_pipelines.readers import filter_by_prompt_length
 
     def prompts(source: str, size: int, seed: int) -> list[PromptRecord]:
         records = load_prompt_records(source, cfg, size, seed, processor)

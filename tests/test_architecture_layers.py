@@ -1,0 +1,118 @@
+"""The layering of docs/architecture.md, read from the source tree's import graph (ast, nothing imported).
+
+Layers, lowest first: ``data_pipelines`` < vlrft's lower layer (configs, models, strategies, rollout,
+algorithms, tracking, checkpoints) < ``reward_models`` < ``eval`` < vlrft's upper layer (``vlrft.trainer``,
+``vlrft.commands``, ``vlrft.cli``). A module imports only its own layer and the ones below;
+``vlrft.algorithms`` imports only torch and the standard library. Imports sit at module top: a deferred
+import (inside a function) is allowed only for an optional heavy dependency, or in the CLI, whose
+subcommands load lazily so that ``vlrft --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("data_pipelines", "vlrft", "reward_models", "eval")
+UPPER = ("vlrft.trainer", "vlrft.commands", "vlrft.cli", "vlrft.__main__")
+RANK = {"data_pipelines": 0, "vlrft-lower": 1, "reward_models": 2, "eval": 3, "vlrft-upper": 4}
+# optional or heavy third-party modules a function may import when it needs them (each named with why)
+DEFERRABLE = {
+    "deepspeed": "optional strategy; its import initialises accelerators",
+    "vllm": "optional rollout engine",
+    "peft": "only with LoRA",
+    "matplotlib": "only to draw the run's curves",
+    "wandb": "optional tracker",
+    "torch.utils.tensorboard": "optional tracker; imports tensorboard",
+    "datasets": "only for hub ids and save_to_disk folders; slow to import",
+    "pyarrow": "only for Parquet files",
+    "math_verify": "imported in the math worker's child process only",
+    "resource": "the math worker's child process limits itself (POSIX only)",
+    "qwen_vl_utils": "imports torchvision, which CPU machines lack",
+    "transformers.models.qwen2_vl.image_processing_qwen2_vl": "needs torchvision (fallback only)",
+    "torchvision": "probed: CPU machines have a CUDA-only build that fails at import",
+}
+
+
+def layer(module: str) -> str | None:
+    top = module.split(".")[0]
+    if top != "vlrft":
+        return top if top in PACKAGES else None
+    return "vlrft-upper" if module.startswith(UPPER) else "vlrft-lower"
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports(path: Path) -> list[tuple[str, int, bool]]:
+    """(imported module, line, deferred) for every import of a source file."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    out: list[tuple[str, int, bool]] = []
+
+    def visit(node: ast.AST, deferred: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.Import):
+                out.extend((a.name, child.lineno, deferred) for a in child.names)
+            elif isinstance(child, ast.ImportFrom) and child.level == 0 and child.module:
+                out.append((child.module, child.lineno, deferred))
+            elif isinstance(child, ast.ImportFrom) and child.level:
+                raise AssertionError(f"{path}:{child.lineno}: relative import; use absolute imports")
+            visit(child, deferred or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
+
+    visit(tree, False)
+    return out
+
+
+def source_files() -> list[Path]:
+    return sorted(p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py"))
+
+
+def violations(files: list[Path] | None = None) -> list[str]:
+    found = []
+    for path in files or source_files():
+        me = module_name(path)
+        mine = layer(me)
+        for target, line, deferred in imports(path):
+            where = f"{path.relative_to(ROOT)}:{line}: {me} imports {target}"
+            theirs = layer(target)
+            if me.startswith("vlrft.algorithms"):
+                top = target.split(".")[0]
+                if not (top == "torch" or top in sys.stdlib_module_names or target.startswith("vlrft.algorithms")):
+                    found.append(f"{where} (vlrft.algorithms imports only torch and the standard library)")
+            if theirs is not None and RANK[theirs] > RANK[mine]:
+                found.append(f"{where} (layer {mine} must not import the higher layer {theirs})")
+            if deferred and not me.startswith(("vlrft.cli", "vlrft.commands")):
+                if not any(target == m or target.startswith(m + ".") for m in DEFERRABLE):
+                    found.append(f"{where} inside a function (imports go at module top; see DEFERRABLE)")
+    return found
+
+
+def test_the_source_tree_keeps_its_layers_and_imports_at_top():
+    found = violations()
+    assert not found, "forbidden imports:\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize(
+    "where, code",
+    [
+        ("data_pipelines/bad.py", "from vlrft.config import option\n"),
+        ("vlrft/strategies/bad.py", "import reward_models.pool\n"),
+        ("reward_models/bad.py", "from vlrft.trainer.run import train_policy\n"),
+        ("vlrft/algorithms/bad.py", "import numpy\n"),
+        ("reward_models/bad.py", "from eval.runner import evaluate\n"),
+        ("eval/bad.py", "def f():\n    import json\n"),
+    ],
+)
+def test_a_forbidden_import_is_caught(tmp_path, monkeypatch, where, code):
+    """The check fails on each kind of forbidden edge (a file written into a copy of the tree's layout)."""
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    path = tmp_path / where
+    path.parent.mkdir(parents=True)
+    path.write_text(code)
+    assert len(violations([path])) == 1, violations([path])
