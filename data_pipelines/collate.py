@@ -15,7 +15,7 @@ A text-only sample is a sample with no images: it goes through the same function
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -31,6 +31,9 @@ class EncodedPrompt:
     input_ids: torch.Tensor  # [L] int64, no padding
     pixel_values: torch.Tensor | None = None  # [patches, dim] for all of the prompt's images
     image_grid_thw: torch.Tensor | None = None  # [images, 3]
+    # the images exactly as the processor received them, in prompt order: what an engine with its own
+    # preprocessing (vLLM's ``multi_modal_data``) is given; its processor then yields ``image_grid_thw``
+    images: list[Any] = field(default_factory=list)
 
     @property
     def num_images(self) -> int:
@@ -69,6 +72,7 @@ def encode_prompt(
     messages = build_messages(
         record, system_prompt=system_prompt, prompt_template=prompt_template, image_kwargs=image_kwargs
     )
+    images = [c["image"] for m in messages for c in m["content"] if c.get("type") == "image"]
     if text_only:
         messages = text_only_messages(messages)
     enc = processor.apply_chat_template(
@@ -78,7 +82,7 @@ def encode_prompt(
     if pixel_values is not None and pixel_values.numel() == 0:
         pixel_values = None
     grid = enc.get("image_grid_thw") if pixel_values is not None else None
-    return EncodedPrompt(input_ids=enc["input_ids"][0].long(), pixel_values=pixel_values, image_grid_thw=grid)
+    return EncodedPrompt(enc["input_ids"][0].long(), pixel_values, grid, images)
 
 
 def _cat_images(prompts: list[EncodedPrompt]) -> dict[str, torch.Tensor]:

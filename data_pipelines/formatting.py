@@ -3,9 +3,10 @@
 ``build_messages(record)`` returns ``[{"role": "system", ...}?, {"role": "user", "content": [...]}]``
 where the user content lists ``{"type": "image", "image": PIL.Image}`` and ``{"type": "text", "text": ...}``
 items in the order of the record's ``<image>`` placeholders (images first when it has none). The list
-goes straight into ``processor.apply_chat_template`` (or a text-only tokenizer's, which renders the
-same list form). A prompt template is a format string with ``{prompt}`` or a name in
-``PROMPT_TEMPLATES``; it wraps the prompt text, placeholders included, before the split.
+goes straight into ``processor.apply_chat_template``; a text-only Qwen tokenizer's template wants
+string contents, which :func:`text_only_messages` makes from the same list. A prompt template is a
+format string with ``{prompt}`` or a name in ``PROMPT_TEMPLATES``; it wraps the prompt text,
+placeholders included, before the split.
 """
 
 from __future__ import annotations

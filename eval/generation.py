@@ -48,8 +48,8 @@ def generate_with_engine(
         for r in records
     ]
     sampling = SamplingParams(n=n if sample else 1, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens)
-    device = next(engine.model.parameters()).device if hasattr(engine, "model") else torch.device("cpu")
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+    # the engine's sampler draws from the global CPU or current-GPU generator: fork both
+    with torch.random.fork_rng(devices=[torch.cuda.current_device()] if torch.cuda.is_available() else []):
         torch.manual_seed(seed)
         rollouts = engine.generate(prompts, sampling)
     results: list[list[Generation]] = [[] for _ in records]

@@ -67,7 +67,7 @@ def vlrft_trainer(model_dir: Path, out: Path, a: argparse.Namespace):
             metrics: dict = {}
             exp = trainer.make_experience(metrics)
             trainer.train_on(exp, metrics)
-            trainer.engine.update_weights()
+            trainer.engine.update_weights(trainer.strategy.full_params())
             trainer.step += 1
             times.append(time.perf_counter() - t0)
         return times

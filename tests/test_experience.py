@@ -42,7 +42,7 @@ def test_response_logprobs_match_direct_computation(tiny_model):
 
     # a micro-batch selected from the experience gives the same log-probs
     exp = Experience(batch, ids, mask, None, None, torch.zeros(3), torch.zeros(3, 4), torch.tensor(index))
-    sub = exp.select(torch.tensor([2, 1]))
+    sub = exp.micro_batch(torch.tensor([2, 1]))
     assert sub["image_grid_thw"].shape[0] == 1  # only sample 2 has an image
     with torch.no_grad():
         again, _ = response_logprobs(model, sub, sub["response_ids"], temperature=temperature)

@@ -13,6 +13,7 @@ from vlrft.config import load_config
 from vlrft.rollout import Rollout
 from vlrft.strategies import make_strategy
 from vlrft.trainer.config import PolicyTrainConfig
+from vlrft.trainer.experience import group_rollouts
 from vlrft.trainer.policy_trainer import PolicyTrainer
 from vlrft.trainer.run import load_policy
 
@@ -58,7 +59,7 @@ def test_critic_fits_returns_and_gae_uses_its_values(tiny_model, tmp_path):
     prompts = [encode_prompt(proc, r) for r in records]
     combined, per_source, _ = trainer._score(records, rollouts)
     assert combined.tolist() == [1.0, 0.0] * 4
-    exp = trainer.experience_from(records, prompts, rollouts, combined, per_source, {})
+    exp = trainer.experience_from(group_rollouts(records, prompts, rollouts, combined, per_source), {})
     m = exp.response_mask.bool()
     # GAE with gamma 1, lam 0.95 and terminal reward r: returns = A + V, advantages from the critic's values
     assert torch.allclose(exp.returns[m], (exp.advantages + exp.values)[m], atol=1e-5)

@@ -22,8 +22,14 @@ def _env():
 
 
 def _run(args, nproc):
+    _run_script(SCRIPT.name, args, nproc)
+
+
+def _run_script(name, args, nproc):
+    """Run ``tests/dist/NAME`` alone (nproc 1) or under torchrun with ``nproc`` gloo processes."""
+    script = SCRIPT.parent / name
     if nproc == 1:
-        cmd = [sys.executable, str(SCRIPT), *args]
+        cmd = [sys.executable, str(script), *args]
     else:
         cmd = [
             sys.executable,
@@ -33,7 +39,7 @@ def _run(args, nproc):
             str(nproc),
             "--master_port",
             str(29500 + os.getpid() % 1000),
-            str(SCRIPT),
+            str(script),
             *args,
         ]
     res = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=600)

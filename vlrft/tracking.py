@@ -106,3 +106,33 @@ class Tracker:
             self.tb.close()
         if self.wandb is not None:
             self.wandb.finish()
+
+
+def append_jsonl(path: Path, row: dict) -> None:
+    """Append one JSON row to a ``.jsonl`` log."""
+    with open(path, "a") as f:
+        f.write(json.dumps(row) + "\n")
+
+
+def truncate_jsonl(path: Path, last_step: int) -> None:
+    """Keep the rows of steps <= ``last_step`` (rows are JSON objects with a ``step``): on resume, the rows
+    of steps after the checkpoint belong to steps that will be redone."""
+    if not path.is_file():
+        return
+    keep = [
+        line for line in path.read_text().splitlines() if line.strip() and json.loads(line).get("step", 0) <= last_step
+    ]
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(line + "\n" for line in keep))
+    tmp.replace(path)
+
+
+def image_refs(images: list[Any]) -> list[str]:
+    """How a log names a record's images: the path, or the PIL image's file name, or its type and size."""
+    refs = []
+    for im in images:
+        if isinstance(im, (str, Path)):
+            refs.append(str(im))
+        else:
+            refs.append(getattr(im, "filename", "") or f"<{type(im).__name__} {getattr(im, 'size', '')}>")
+    return refs

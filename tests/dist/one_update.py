@@ -18,6 +18,7 @@ from vlrft.config import load_config
 from vlrft.rollout import Rollout
 from vlrft.strategies import make_strategy
 from vlrft.trainer.config import PolicyTrainConfig
+from vlrft.trainer.experience import group_rollouts
 from vlrft.trainer.policy_trainer import PolicyTrainer
 from vlrft.trainer.run import load_policy
 
@@ -50,7 +51,7 @@ def main() -> None:
     prompts = [encode_prompt(proc, r) for r in mine]
     combined, per_source, _ = trainer._score(mine, rollouts)
     metrics: dict = {}
-    exp = trainer.experience_from(mine, prompts, rollouts, combined, per_source, metrics)
+    exp = trainer.experience_from(group_rollouts(mine, prompts, rollouts, combined, per_source), metrics)
     trainer.train_on(exp, metrics)
     state = strategy.full_state_dict()
     if strategy.is_rank0:

@@ -31,17 +31,22 @@ class Rollout:
     response_ids: torch.Tensor  # [R] int64
     text: str
     finish_reason: str  # "stop" (EOS or a stop string) or "length"
+    # [R] float32: the engine's own log-probs of ``response_ids`` under the sampling distribution, where
+    # the engine reports them (vLLM); None where the trainer recomputes them anyway (``hf``)
+    logprobs: torch.Tensor | None = None
 
 
 class RolloutEngine(Protocol):
     def generate(self, prompts: list[EncodedPrompt], sampling: SamplingParams) -> list[Rollout]:
         """``sampling.n`` rollouts per prompt, prompt-major (rollouts of prompt 0 first)."""
 
-    def update_weights(self, named_params: Iterable[tuple[str, torch.Tensor]] | None = None) -> None:
-        """Load the policy's current weights (no-op for an engine that shares the training module)."""
+    def update_weights(self, named_params: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load the policy's current weights from ``Strategy.full_params()``'s stream (called on every
+        rank after each update). An engine that generates with the training module itself ignores the
+        stream without reading it, so nothing is gathered."""
 
     def sleep(self) -> None:
         """Free the engine's memory (weights, KV cache) while the trainer updates the policy."""
 
     def wake(self) -> None:
-        """Bring the engine back after :meth:`sleep`."""
+        """Bring the engine back after :meth:`sleep`, before :meth:`update_weights`."""

@@ -39,8 +39,9 @@ class HFRolloutEngine:
         self.suppress = [vocab[t] for t in _VISION_TOKENS if t in vocab]
         self.merge_area = getattr(getattr(processor, "image_processor", None), "merge_size", 2) ** 2
 
-    def update_weights(self, named_params: Iterable[tuple[str, torch.Tensor]] | None = None) -> None:
-        """In-process engine: it generates with the training module, so it already has the weights."""
+    def update_weights(self, named_params: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """In-process engine: it generates with the training module, so it already has the weights (the
+        stream is not read, so a sharded strategy gathers nothing)."""
 
     def sleep(self) -> None:  # nothing held beyond the training module
         pass

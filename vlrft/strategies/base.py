@@ -15,7 +15,7 @@ import random
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import torch
@@ -258,6 +258,11 @@ class Strategy:
         """Clip gradients, step optimizer and scheduler, zero gradients; returns the global grad norm."""
         raise NotImplementedError
 
+    @property
+    def train_module(self) -> torch.nn.Module:
+        """What the training forward calls: the prepared model (DeepSpeed: its engine)."""
+        return self.model
+
     def unwrap(self, model: torch.nn.Module | None = None) -> torch.nn.Module:
         """The underlying ``nn.Module`` (for forward, generate and export)."""
         return model if model is not None else self.model
@@ -265,6 +270,42 @@ class Strategy:
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The full (unsharded) model state on CPU; complete on rank 0 (may be empty elsewhere)."""
         raise NotImplementedError
+
+    def full_params(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The trained model's full parameters, one ``(Hugging Face name, tensor)`` at a time, on every
+        rank: what a rollout engine with its own copy of the weights loads after each update (vLLM's
+        ``load_weights`` takes this stream). LoRA is merged in (``W + scaling * B @ A``, peft's formula)
+        under the base model's names; the adapters themselves are not yielded. Only one gathered tensor
+        exists at a time. Sharded strategies gather each tensor collectively, so every rank must consume
+        the whole stream; tensors may alias the live parameters (copy one to keep it past the next step)."""
+        model = self.unwrap()
+        lora_layers = {
+            name: m for name, m in model.named_modules() if hasattr(m, "lora_A") and hasattr(m, "base_layer")
+        }
+        for name, param in model.named_parameters():
+            if ".lora_" in name:
+                continue
+            tensor = self._full_tensor(param)
+            owner = name.rpartition(".")[0].removesuffix(".base_layer")
+            if owner in lora_layers and name.endswith(".base_layer.weight"):
+                tensor = tensor + self._lora_delta(lora_layers[owner]).to(tensor.dtype)
+            yield _hf_name(name), tensor
+
+    def _full_tensor(self, param: torch.nn.Parameter) -> torch.Tensor:
+        """One parameter in full (sharded strategies gather it)."""
+        return param.detach()
+
+    def _lora_delta(self, layer: torch.nn.Module) -> torch.Tensor:
+        """peft's merge of a Linear LoRA layer: the sum over active adapters of ``scaling * B @ A``."""
+        delta = None
+        for adapter in layer.active_adapters:
+            if adapter not in layer.lora_A:
+                continue
+            a = self._full_tensor(layer.lora_A[adapter].weight).float()
+            b = self._full_tensor(layer.lora_B[adapter].weight).float()
+            term = (b @ a) * layer.scaling[adapter]
+            delta = term if delta is None else delta + term
+        return delta if delta is not None else torch.zeros(())
 
     def save_checkpoint(self, path: str | Path, client_state: dict[str, Any]) -> None:
         """Save model, optimizer, scheduler and ``client_state`` atomically to ``path`` (exact resume)."""
@@ -291,3 +332,8 @@ class Strategy:
     @property
     def lr(self) -> float:
         return self.optimizer.param_groups[0]["lr"] if self.optimizer is not None else 0.0
+
+
+def _hf_name(name: str) -> str:
+    """A parameter name as the model's own ``state_dict`` (and vLLM) knows it: without peft's wrapping."""
+    return name.removeprefix("base_model.model.").replace(".base_layer.", ".")

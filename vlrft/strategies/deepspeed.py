@@ -23,7 +23,7 @@ class DeepSpeedStrategy(Strategy):
         super().__init__(cfg, optim)
         if self.distributed or not torch.distributed.is_initialized():
             deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
-        self.engine = None
+        self.ds_engine = None
 
     @property
     def shards_parameters(self) -> bool:
@@ -61,41 +61,54 @@ class DeepSpeedStrategy(Strategy):
         engine, optimizer, _, scheduler = deepspeed.initialize(
             model=model, optimizer=optimizer, lr_scheduler=scheduler, config=self._ds_config(True)
         )
-        self.engine, self.model, self.optimizer, self.scheduler = engine, engine.module, optimizer, scheduler
+        self.ds_engine, self.model, self.optimizer, self.scheduler = engine, engine.module, optimizer, scheduler
         return self.model, self.optimizer, self.scheduler
 
     def backward(self, loss: torch.Tensor, last_micro_batch: bool = True) -> None:
         # ZeRO reduces gradients across ranks at the accumulation boundary only: the trainer says
         # which micro-batch closes the optimizer step.
-        self.engine.set_gradient_accumulation_boundary(last_micro_batch)
-        self.engine.backward(loss, scale_wrt_gas=False)
+        self.ds_engine.set_gradient_accumulation_boundary(last_micro_batch)
+        self.ds_engine.backward(loss, scale_wrt_gas=False)
 
     def step(self) -> float:
-        self.engine.step()
-        norm = self.engine.get_global_grad_norm()
+        self.ds_engine.step()
+        norm = self.ds_engine.get_global_grad_norm()
         return float(norm) if norm is not None else float("nan")
 
+    @property
+    def train_module(self) -> torch.nn.Module:
+        return self.ds_engine
+
     def unwrap(self, model: torch.nn.Module | None = None) -> torch.nn.Module:
-        return self.engine.module if model is None else getattr(model, "module", model)
+        return self.ds_engine.module if model is None else getattr(model, "module", model)
+
+    def _full_tensor(self, param: torch.nn.Parameter) -> torch.Tensor:
+        """ZeRO-3 gathers one partitioned parameter (a copy, released partition intact); stages 1-2 hold it whole."""
+        if not hasattr(param, "ds_id"):
+            return param.detach()
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters([param]):
+            return param.data.detach().clone()
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         if self.cfg.zero_stage == 3:
-            state = self.engine._zero3_consolidated_16bit_state_dict()
+            state = self.ds_engine._zero3_consolidated_16bit_state_dict()
             return {k: v.cpu() for k, v in (state or {}).items()}
-        return {k: v.detach().cpu() for k, v in self.engine.module.state_dict().items()}
+        return {k: v.detach().cpu() for k, v in self.ds_engine.module.state_dict().items()}
 
     @property
     def lr(self) -> float:
-        return self.engine.get_lr()[0] if self.engine is not None else 0.0
+        return self.ds_engine.get_lr()[0] if self.ds_engine is not None else 0.0
 
     def save_checkpoint(self, path: str | Path, client_state: dict[str, Any]) -> None:
         def write(tmp: Path) -> None:
-            self.engine.save_checkpoint(str(tmp), tag="ds", save_latest=False)
+            self.ds_engine.save_checkpoint(str(tmp), tag="ds", save_latest=False)
             (tmp / f"client_rank{self.rank}.pkl").write_bytes(pickle.dumps(client_state))
 
         self._save_atomically(path, write)
 
     def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
         path = Path(path)
-        self.engine.load_checkpoint(str(path), tag="ds", load_optimizer_states=True, load_lr_scheduler_states=True)
+        self.ds_engine.load_checkpoint(str(path), tag="ds", load_optimizer_states=True, load_lr_scheduler_states=True)
         return pickle.loads((path / f"client_rank{self.rank}.pkl").read_bytes())

@@ -17,6 +17,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
 
 from vlrft.strategies.base import Strategy
 
@@ -57,6 +58,15 @@ class FSDP2Strategy(Strategy):
 
     def step(self) -> float:
         return self._clip_and_step()
+
+    def _full_tensor(self, param: torch.nn.Parameter) -> torch.Tensor:
+        """All-gather one sharded parameter (a DTensor); with CPU offload on GPUs it is gathered on the GPU."""
+        tensor = param.detach()
+        if not isinstance(tensor, DTensor):
+            return tensor
+        if tensor.device.type == "cpu" and self.device.type == "cuda":
+            tensor = tensor.to(self.device)
+        return tensor.full_tensor()
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         opts = StateDictOptions(full_state_dict=True, cpu_offload=True)

@@ -9,11 +9,58 @@ so a long prompt costs no vocabulary-sized activations.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
-from data_pipelines.collate import model_inputs
-from vlrft.algorithms import entropy_from_logits, logprobs_from_logits
+from data_pipelines.collate import EncodedPrompt, model_inputs
+from data_pipelines.records import PromptRecord
+from vlrft.algorithms import (
+    compute_advantages,
+    entropy_from_logits,
+    filter_zero_variance_groups,
+    logprobs_from_logits,
+)
+from vlrft.rollout import Rollout
+from vlrft.tracking import image_refs
+
+
+@dataclass
+class ScoredGroup:
+    """One prompt and its sampled, scored responses: the row a rollout batch is made of (dynamic sampling
+    keeps or drops whole groups; a group's position in the batch is its group id)."""
+
+    record: PromptRecord
+    prompt: EncodedPrompt
+    rollouts: list[Rollout]  # its n samples (their ``prompt_index`` refers to the generate call)
+    rewards: torch.Tensor  # [n] combined reward
+    per_source: dict[str, torch.Tensor]  # source name -> [n]
+
+    def varied(self) -> bool:
+        """Not all rewards equal: the group carries a learning signal under a group baseline."""
+        return bool(self.rewards.numel()) and bool(self.rewards.max() > self.rewards.min())
+
+
+def group_rollouts(
+    records: list[PromptRecord],
+    prompts: list[EncodedPrompt],
+    rollouts: list[Rollout],
+    rewards: torch.Tensor,
+    per_source: dict[str, torch.Tensor],
+) -> list[ScoredGroup]:
+    """Scored rollouts of one generate call (``prompt_index`` into ``records``/``prompts``) as groups."""
+    members: list[list[int]] = [[] for _ in records]
+    for j, x in enumerate(rollouts):
+        members[x.prompt_index].append(j)
+    out = []
+    for rec, prompt, idx in zip(records, prompts, members):
+        index = torch.tensor(idx, dtype=torch.long)
+        out.append(
+            ScoredGroup(
+                rec, prompt, [rollouts[j] for j in idx], rewards[index], {k: v[index] for k, v in per_source.items()}
+            )
+        )
+    return out
 
 
 @dataclass
@@ -31,11 +78,30 @@ class Experience:
     per_source: dict[str, torch.Tensor] = field(default_factory=dict)
     values: torch.Tensor | None = None  # [N, R] critic values at rollout time (PPO with a critic)
     returns: torch.Tensor | None = None  # [N, R] GAE returns, the critic's targets
+    groups: list[ScoredGroup] = field(default_factory=list)  # what the rows came from (sample logs)
 
     def __len__(self) -> int:
         return int(self.response_ids.shape[0])
 
-    def select(self, index: torch.Tensor) -> dict[str, torch.Tensor]:
+    def sample_rows(self, limit: int) -> list[dict[str, Any]]:
+        """The first ``limit`` trajectories as log rows: prompt, answer, images, response, rewards, advantage."""
+        rows = [(g.record, x) for g in self.groups for x in g.rollouts][:limit]
+        return [
+            {
+                "id": rec.id,
+                "prompt": rec.prompt,
+                "answer": rec.answer,
+                "image": image_refs(rec.images),
+                "response": x.text,
+                "finish_reason": x.finish_reason,
+                "rewards": {k: float(v[i]) for k, v in self.per_source.items()},
+                "reward": float(self.rewards[i]),
+                "advantage": float(self.advantages[i, 0]) if self.advantages.shape[1] else 0.0,
+            }
+            for i, (rec, x) in enumerate(rows)
+        ]
+
+    def micro_batch(self, index: torch.Tensor) -> dict[str, torch.Tensor]:
         """Samples ``index`` as a micro-batch (sequences re-collated to their own width)."""
         b = self.batch
         idx = index.tolist()
@@ -118,42 +184,123 @@ def response_values(
 
 
 @torch.no_grad()
-def score_responses(
+def infer_response_logprobs(
     model: torch.nn.Module,
     batch: dict[str, torch.Tensor],
     response_ids: torch.Tensor,
     *,
     micro_batch_size: int,
     temperature: float = 1.0,
-    values: bool = False,
 ) -> torch.Tensor:
-    """:func:`response_logprobs` (or, with ``values``, :func:`response_values` of a critic) for all
-    samples of ``batch``, ``micro_batch_size`` at a time, in eval mode and without gradient; ``[N, R]``
-    float32 on CPU (zeros past each response's end)."""
+    """:func:`response_logprobs` of every sample of ``batch`` (old or reference log-probs), without gradient
+    in eval mode, ``micro_batch_size`` at a time; ``[N, R]`` float32 on CPU, zeros past each response."""
+    return _infer(
+        model,
+        batch,
+        response_ids,
+        micro_batch_size,
+        lambda part: response_logprobs(model, part, part["response_ids"], temperature=temperature)[0],
+    )
+
+
+@torch.no_grad()
+def infer_response_values(
+    critic: torch.nn.Module, batch: dict[str, torch.Tensor], response_ids: torch.Tensor, *, micro_batch_size: int
+) -> torch.Tensor:
+    """:func:`response_values` of a critic for every sample of ``batch``, like :func:`infer_response_logprobs`."""
+    return _infer(
+        critic,
+        batch,
+        response_ids,
+        micro_batch_size,
+        lambda part: response_values(critic, part, part["response_ids"].shape[1]),
+    )
+
+
+def _infer(model, batch, response_ids, micro_batch_size, forward) -> torch.Tensor:
     was = model.training
     model.eval()
     n = response_ids.shape[0]
     whole = Experience(
-        batch,
-        response_ids,
-        torch.ones_like(response_ids),
-        None,
-        None,
-        torch.zeros(n),
-        torch.zeros(response_ids.shape),
-        torch.zeros(n),
+        batch=batch,
+        response_ids=response_ids,
+        response_mask=torch.ones_like(response_ids),
+        old_log_probs=None,
+        ref_log_probs=None,
+        rewards=torch.zeros(n),
+        advantages=torch.zeros(response_ids.shape),
+        group_ids=torch.zeros(n),
     )
     out = torch.zeros(response_ids.shape, dtype=torch.float32)
     for start in range(0, n, micro_batch_size):
         idx = torch.arange(start, min(start + micro_batch_size, n))
-        part = whole.select(idx)
-        if values:
-            scores = response_values(model, part, part["response_ids"].shape[1])
-        else:
-            scores, _ = response_logprobs(model, part, part["response_ids"], temperature=temperature)
+        scores = forward(whole.micro_batch(idx))
         out[idx, : scores.shape[1]] = scores.float().cpu()
     model.train(was)
     return out
+
+
+def global_advantages(
+    strategy: Any,
+    algorithm: Any,
+    rewards: torch.Tensor,
+    mask: torch.Tensor,
+    group_ids: torch.Tensor,
+    values: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Advantages and returns (``algorithm``: the ``algorithm`` config section) computed on the batch of
+    all ranks, batch-level statistics included, then this rank's rows taken back; groups never span
+    ranks, so every rank computes the same global result."""
+    s = strategy
+    parts = s.all_gather_object((rewards, mask, group_ids, values))
+    width = max(p[1].shape[1] for p in parts)
+    pad = lambda t: torch.nn.functional.pad(t, (0, width - t.shape[1]))  # noqa: E731
+    offset = sum(len(p[0]) for p in parts[: s.rank])
+    all_r = torch.cat([pad(p[0]) if p[0].dim() == 2 else p[0] for p in parts])
+    all_m = torch.cat([pad(p[1]) for p in parts])
+    all_g = torch.cat([p[2] + rank * 1_000_000 for rank, p in enumerate(parts)])
+    all_v = torch.cat([pad(p[3]) for p in parts]) if values is not None else None
+    adv, ret = compute_advantages(
+        algorithm.advantage_estimator,
+        all_r,
+        all_m,
+        group_ids=all_g,
+        values=all_v,
+        gamma=algorithm.gamma,
+        lam=algorithm.lam,
+        std_normalization=algorithm.std_normalization or None,
+    )
+    rows = slice(offset, offset + len(rewards))
+    return adv[rows, : mask.shape[1]], ret[rows, : mask.shape[1]]
+
+
+def rollout_metrics(
+    rewards: torch.Tensor,
+    per_source: dict[str, torch.Tensor],
+    accuracy_source: str | None,
+    group_ids: torch.Tensor,
+    rollouts: list[Rollout],
+) -> dict[str, float]:
+    """What a rollout batch looked like: mean rewards (combined and per source), accuracy (the share of
+    samples whose ``accuracy_source`` score is > 0.5), response lengths, the share of groups without
+    reward variance."""
+    lengths = torch.tensor([float(x.response_ids.numel()) for x in rollouts])
+    out = {"reward/combined": float(rewards.mean())}
+    out.update({f"reward/{k}": float(v.mean()) for k, v in per_source.items()})
+    if accuracy_source in per_source:
+        out["accuracy"] = float((per_source[accuracy_source] > 0.5).float().mean())
+    out["response_length/mean"] = float(lengths.mean())
+    out["response_length/clip_ratio"] = sum(x.finish_reason == "length" for x in rollouts) / len(rollouts)
+    _, kept = filter_zero_variance_groups(rewards, group_ids)
+    out["frac_reward_zero_std"] = 1.0 - kept / max(1, len(set(group_ids.tolist())))
+    return out
+
+
+def advantage_metrics(advantages: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    on_response = advantages[mask.bool()]
+    if not mask.any():
+        return {"advantages/mean": 0.0, "advantages/abs_mean": 0.0}
+    return {"advantages/mean": float(on_response.mean()), "advantages/abs_mean": float(on_response.abs().mean())}
 
 
 def response_tensors(responses: list[torch.Tensor], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:

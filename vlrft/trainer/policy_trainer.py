@@ -10,9 +10,7 @@ checkpoints and held-out evaluation happen around it.
 
 from __future__ import annotations
 
-import json
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -23,25 +21,38 @@ from data_pipelines.records import PromptRecord
 from vlrft import checkpoints
 from vlrft.algorithms import (
     AdaptiveKLController,
+    DynamicSamplingExhausted,
     FixedKLController,
     RunningRewardNormalizer,
     aggregate_loss,
     apply_kl_penalty,
     clip_rewards,
-    compute_advantages,
     compute_policy_loss,
-    filter_zero_variance_groups,
     global_sequence_count,
     global_token_count,
     high_entropy_mask,
     kl_penalty,
+    more_prompts_needed,
     overlong_penalty,
     value_loss,
 )
 from vlrft.rollout import SamplingParams, make_engine
 from vlrft.strategies import Strategy, rng_state, set_rng_state
+from vlrft.tracking import append_jsonl, truncate_jsonl
 from vlrft.trainer.config import PolicyTrainConfig
-from vlrft.trainer.experience import Experience, response_logprobs, response_tensors, response_values, score_responses
+from vlrft.trainer.experience import (
+    Experience,
+    ScoredGroup,
+    advantage_metrics,
+    global_advantages,
+    group_rollouts,
+    infer_response_logprobs,
+    infer_response_values,
+    response_logprobs,
+    response_tensors,
+    response_values,
+    rollout_metrics,
+)
 
 
 class PolicyTrainer:
@@ -81,12 +92,12 @@ class PolicyTrainer:
         self.model, self.optimizer, self.scheduler = strategy.prepare(
             model, total_steps=self.total_steps * self._updates_per_step()
         )
-        self.train_module = getattr(strategy, "engine", None) or self.model
+        self.train_module = strategy.train_module
         self.critic = self.critic_strategy = None
         if critic is not None:
             self.critic_strategy = critic[1]
             self.critic = critic[1].prepare(critic[0], total_steps=self.total_steps * self._updates_per_step())[0]
-            self.critic_module = getattr(critic[1], "engine", None) or self.critic
+            self.critic_module = critic[1].train_module
         self.engine = make_engine(
             r.engine,
             strategy.unwrap(),
@@ -133,18 +144,22 @@ class PolicyTrainer:
         return picked[s.rank :: s.world_size]
 
     # ----------------------------------------------------------------------------- experience
-    def _sample(self, records: list[PromptRecord], sampling: SamplingParams):
+    def _draw(self, per_rank: int, sampling: SamplingParams, metrics: dict[str, float]) -> list[ScoredGroup]:
+        """The next ``per_rank`` prompts of this rank, encoded once, sampled by the engine and scored."""
+        records = self._next_prompts(per_rank * self.strategy.world_size)
+        data = self.cfg.data
         prompts = [
             encode_prompt(
-                self.processor,
-                rec,
-                system_prompt=self.cfg.data.system_prompt or None,
-                prompt_template=self.cfg.data.prompt_template,
+                self.processor, rec, system_prompt=data.system_prompt or None, prompt_template=data.prompt_template
             )
             for rec in records
         ]
         rollouts = self.engine.generate(prompts, sampling)
-        return prompts, rollouts
+        t0 = time.perf_counter()
+        combined, per_source, pool_metrics = self._score(records, rollouts)
+        metrics["time/reward"] = metrics.get("time/reward", 0.0) + time.perf_counter() - t0
+        metrics.update({f"reward_pool/{k}": v for k, v in pool_metrics.items()})
+        return group_rollouts(records, prompts, rollouts, combined, per_source)
 
     def _score(self, records: list[PromptRecord], rollouts) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict]:
         recs = [records[r.prompt_index] for r in rollouts]
@@ -152,7 +167,12 @@ class PolicyTrainer:
         return out.combined.float(), {k: v.float() for k, v in out.per_source.items()}, dict(out.metrics)
 
     def make_experience(self, metrics: dict[str, float]) -> Experience:
-        a, r = self.cfg.algorithm, self.cfg.rollout
+        """One rollout batch of this rank: ``rollout_batch_size / world_size`` scored groups. With DAPO's
+        dynamic sampling, groups whose rewards all agree are dropped and more prompts drawn (every rank
+        draws as many as the shortest-filled one needs, so sharded engines generate in step) until the
+        batch is full or ``max_sampling_tries`` rounds ran; then it trains on what was kept, or, if a
+        rank kept nothing, on its last round unfiltered (zero advantages: the schedule stays in step)."""
+        a, r, s = self.cfg.algorithm, self.cfg.rollout, self.strategy
         sampling = SamplingParams(
             n=r.n_samples_per_prompt,
             temperature=r.temperature,
@@ -161,85 +181,49 @@ class PolicyTrainer:
             max_new_tokens=r.max_new_tokens,
             stop=list(r.stop),
         )
-        per_rank = r.rollout_batch_size // self.strategy.world_size
-        records, prompts, rollouts, rewards, per_source = [], [], [], [], {}
-        tries, t0 = 0, time.perf_counter()
-        t_reward = 0.0
-        while True:
+        per_rank = r.rollout_batch_size // s.world_size
+        groups: list[ScoredGroup] = []
+        t0, tries, need = time.perf_counter(), 0, per_rank
+        metrics["time/reward"] = 0.0
+        while need:
             tries += 1
-            need = per_rank - len(records) if a.dynamic_sampling else per_rank
-            need = int(self.strategy.all_reduce(torch.tensor(float(need)), "max"))  # ranks draw in step
-            new_records = self._next_prompts(need * self.strategy.world_size)
-            new_prompts, new_rollouts = self._sample(new_records, sampling)
-            t1 = time.perf_counter()
-            combined, sources, pool_metrics = self._score(new_records, new_rollouts)
-            t_reward += time.perf_counter() - t1
-            if a.dynamic_sampling:  # DAPO: keep only groups whose rewards differ
-                last_draw = (list(new_records), list(new_prompts), list(new_rollouts), combined, dict(sources))
-                gids = torch.tensor([x.prompt_index for x in new_rollouts])
-                keep, _ = filter_zero_variance_groups(combined, gids)
-                kept_groups = sorted({int(g) for g in gids[keep]})[: per_rank - len(records)]
-                sel = torch.tensor([int(g) in kept_groups for g in gids])
-                remap = {g: len(records) + i for i, g in enumerate(kept_groups)}
-                new_records = [new_records[g] for g in kept_groups]
-                new_prompts = [new_prompts[g] for g in kept_groups]
-                new_rollouts = [
-                    replace(x, prompt_index=remap[x.prompt_index]) for x, k in zip(new_rollouts, sel.tolist()) if k
-                ]
-                combined, sources = combined[sel], {k: v[sel] for k, v in sources.items()}
-            else:
-                for x in new_rollouts:
-                    x.prompt_index += len(records)
-            records += new_records
-            prompts += new_prompts
-            rollouts += new_rollouts
-            rewards.append(combined)
-            for k, v in sources.items():
-                per_source.setdefault(k, []).append(v)
-            metrics.update({f"reward_pool/{k}": v for k, v in pool_metrics.items()})
+            last_draw = self._draw(need, sampling, metrics)
+            drawn = [g for g in last_draw if g.varied()] if a.dynamic_sampling else last_draw
+            groups += drawn[: per_rank - len(groups)]
             if not a.dynamic_sampling:
                 break
-            filled = self.strategy.all_reduce(torch.tensor(float(len(records) >= per_rank)), "mean")
-            if float(filled) == 1.0 or tries >= a.max_sampling_tries:
-                break
-        exhausted = a.dynamic_sampling and float(
-            self.strategy.all_reduce(torch.tensor(float(len(rollouts) == 0)), "max")
-        )
+            short = int(s.all_reduce(torch.tensor(float(per_rank - len(groups))), "max"))
+            try:
+                need = more_prompts_needed(per_rank - short, per_rank, tries, a.max_sampling_tries)
+            except DynamicSamplingExhausted as exc:
+                if self.tracker is not None:
+                    self.tracker.print(f"step {self.step + 1}: {exc}; training on the groups kept")
+                need = 0
+        exhausted = a.dynamic_sampling and bool(s.all_reduce(torch.tensor(float(not groups)), "max"))
         if exhausted:
-            # every group of max_sampling_tries rounds had zero reward variance: train on the last round
-            # (its advantages are all zero, so the update only keeps the optimizer schedule in step)
-            records, prompts, rollouts, last, last_sources = last_draw
-            rewards, per_source = [last], {k: [v] for k, v in last_sources.items()}
-        metrics["dynamic_sampling/exhausted"] = float(bool(exhausted))
+            groups = last_draw
+        metrics["dynamic_sampling/exhausted"] = float(exhausted)
         metrics["dynamic_sampling/tries"] = float(tries)
-        metrics["time/rollout"] = time.perf_counter() - t0 - t_reward
-        metrics["time/reward"] = t_reward
-        per_source_t = {k: torch.cat(v) for k, v in per_source.items()}
-        return self.experience_from(records, prompts, rollouts, torch.cat(rewards), per_source_t, metrics)
+        metrics["time/rollout"] = time.perf_counter() - t0 - metrics["time/reward"]
+        return self.experience_from(groups, metrics)
 
-    def experience_from(
-        self,
-        records,
-        prompts,
-        rollouts,
-        rewards_t: torch.Tensor,
-        per_source_t: dict[str, torch.Tensor],
-        metrics: dict[str, float],
-    ) -> Experience:
-        """Log-probs, shaping and advantages for scored rollouts of ``prompts`` (this rank's share)."""
+    def experience_from(self, groups: list[ScoredGroup], metrics: dict[str, float]) -> Experience:
+        """Log-probs, shaping and advantages for this rank's scored groups (a group's position is its id)."""
         a, r = self.cfg.algorithm, self.cfg.rollout
-        # training tensors
+        rollouts = [x for g in groups for x in g.rollouts]
+        group_ids = torch.tensor([i for i, g in enumerate(groups) for _ in g.rollouts])
+        rewards_t = torch.cat([g.rewards for g in groups])
+        per_source_t = {k: torch.cat([g.per_source[k] for g in groups]) for k in groups[0].per_source}
         responses = [x.response_ids for x in rollouts]
-        batch = collate_sequences(prompts, [x.prompt_index for x in rollouts], responses, self.pad_id)
+        batch = collate_sequences([g.prompt for g in groups], group_ids.tolist(), responses, self.pad_id)
         response_ids, response_mask = response_tensors(responses, self.pad_id)
-        group_ids = torch.tensor([x.prompt_index for x in rollouts])
 
         t0 = time.perf_counter()
         on_policy_single_pass = self._updates_per_step() == 1
-        old_logp = None if on_policy_single_pass else self._scores(self.model, batch, response_ids)
+        old_logp = None if on_policy_single_pass else self._logprobs(self.model, batch, response_ids)
         metrics["time/old_logprobs"] = time.perf_counter() - t0
         t0 = time.perf_counter()
-        ref_logp = self._scores(self.ref_model, batch, response_ids) if self.ref_model is not None else None
+        ref_logp = self._logprobs(self.ref_model, batch, response_ids) if self.ref_model is not None else None
         metrics["time/ref_logprobs"] = time.perf_counter() - t0
 
         # reward shaping -> advantages (over the global batch: every rank computes them identically)
@@ -254,85 +238,41 @@ class PolicyTrainer:
             shaped = self.normalizer.normalize(shaped)
         token_rewards = shaped
         if ref_logp is not None and not a.use_kl_loss and self.kl_ctl.value > 0:
-            old = old_logp if old_logp is not None else self._scores(self.model, batch, response_ids)
+            old = old_logp if old_logp is not None else self._logprobs(self.model, batch, response_ids)
             kl = kl_penalty(old, ref_logp, a.kl_estimator)
             token_rewards = apply_kl_penalty(shaped, kl, response_mask, self.kl_ctl.value)
-        values = self._scores(self.critic, batch, response_ids, values=True) if self.critic is not None else None
-        advantages, returns = self._global_advantages(token_rewards, response_mask, group_ids, values)
+        values = None
+        if self.critic is not None:
+            mbs = self.cfg.train.micro_train_batch_size
+            values = infer_response_values(self.critic, batch, response_ids, micro_batch_size=mbs)
+        advantages, returns = global_advantages(self.strategy, a, token_rewards, response_mask, group_ids, values)
 
-        # metrics of the rollout
-        lengths = batch["response_lengths"].float()
-        metrics["reward/combined"] = float(rewards_t.mean())
-        for k, v in per_source_t.items():
-            metrics[f"reward/{k}"] = float(v.mean())
-        if self.accuracy_source in per_source_t:
-            metrics["accuracy"] = float((per_source_t[self.accuracy_source] > 0.5).float().mean())
-        metrics["response_length/mean"] = float(lengths.mean())
-        metrics["response_length/clip_ratio"] = float(
-            sum(x.finish_reason == "length" for x in rollouts) / len(rollouts)
-        )
-        _, kept = filter_zero_variance_groups(rewards_t, group_ids)
-        n_groups = len(set(group_ids.tolist()))
-        metrics["frac_reward_zero_std"] = 1.0 - kept / max(1, n_groups)
-        metrics["advantages/mean"] = float(advantages[response_mask.bool()].mean()) if response_mask.any() else 0.0
-        metrics["advantages/abs_mean"] = (
-            float(advantages[response_mask.bool()].abs().mean()) if response_mask.any() else 0.0
-        )
-        self._last_rollouts = (records, rollouts, per_source_t, rewards_t, advantages)
+        metrics.update(rollout_metrics(rewards_t, per_source_t, self.accuracy_source, group_ids, rollouts))
+        metrics.update(advantage_metrics(advantages, response_mask))
         return Experience(
-            batch,
-            response_ids,
-            response_mask,
-            old_logp,
-            ref_logp,
-            rewards_t,
-            advantages,
-            group_ids,
-            per_source_t,
-            values,
-            returns if values is not None else None,
+            batch=batch,
+            response_ids=response_ids,
+            response_mask=response_mask,
+            old_log_probs=old_logp,
+            ref_log_probs=ref_logp,
+            rewards=rewards_t,
+            advantages=advantages,
+            group_ids=group_ids,
+            per_source=per_source_t,
+            values=values,
+            returns=returns if values is not None else None,
+            groups=groups,
         )
 
-    def _scores(self, model, batch, response_ids, values: bool = False) -> torch.Tensor:
-        """Response log-probs (or a critic's values) ``[N, R]`` without gradient, micro-batched."""
-        return score_responses(
-            model,
-            batch,
-            response_ids,
-            micro_batch_size=self.cfg.train.micro_train_batch_size,
-            temperature=self._temperature(),
-            values=values,
+    def _logprobs(self, model, batch, response_ids) -> torch.Tensor:
+        """Response log-probs ``[N, R]`` of ``model`` (old policy or reference), without gradient."""
+        mbs = self.cfg.train.micro_train_batch_size
+        return infer_response_logprobs(
+            model, batch, response_ids, micro_batch_size=mbs, temperature=self._temperature()
         )
 
     def _temperature(self) -> float:
         return self.cfg.rollout.temperature if self.cfg.rollout.temperature > 0 else 1.0
-
-    def _global_advantages(
-        self, rewards: torch.Tensor, mask: torch.Tensor, group_ids: torch.Tensor, values: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Advantages and returns computed on the batch of all ranks (batch-level statistics included),
-        then this rank's rows taken back; groups never span ranks."""
-        a, s = self.cfg.algorithm, self.strategy
-        parts = s.all_gather_object((rewards, mask, group_ids, values))
-        width = max(p[1].shape[1] for p in parts)
-        pad = lambda t: torch.nn.functional.pad(t, (0, width - t.shape[1]))  # noqa: E731
-        offset = sum(len(p[0]) for p in parts[: s.rank])
-        all_r = torch.cat([pad(p[0]) if p[0].dim() == 2 else p[0] for p in parts])
-        all_m = torch.cat([pad(p[1]) for p in parts])
-        all_g = torch.cat([p[2] + rank * 1_000_000 for rank, p in enumerate(parts)])
-        all_v = torch.cat([pad(p[3]) for p in parts]) if values is not None else None
-        adv, ret = compute_advantages(
-            a.advantage_estimator,
-            all_r,
-            all_m,
-            group_ids=all_g,
-            values=all_v,
-            gamma=a.gamma,
-            lam=a.lam,
-            std_normalization=a.std_normalization or None,
-        )
-        rows = slice(offset, offset + len(rewards))
-        return adv[rows, : mask.shape[1]], ret[rows, : mask.shape[1]]
 
     # ----------------------------------------------------------------------------- update
     def train_on(self, exp: Experience, metrics: dict[str, float]) -> None:
@@ -351,7 +291,7 @@ class PolicyTrainer:
             order = torch.randperm(n, generator=g) if self._updates_per_step() > 1 else torch.arange(n)
             for m0 in range(0, n, mini):
                 mini_idx = order[m0 : m0 + mini]
-                micro_batches = [exp.select(mini_idx[k : k + micro]) for k in range(0, len(mini_idx), micro)]
+                micro_batches = [exp.micro_batch(mini_idx[k : k + micro]) for k in range(0, len(mini_idx), micro)]
                 masks = [mb["response_mask"] for mb in micro_batches]
                 gtc = global_token_count(masks)
                 gsc = global_sequence_count(masks)
@@ -378,7 +318,8 @@ class PolicyTrainer:
             self.kl_ctl.update(metrics["kl"], global_n)
 
     def _critic_micro_step(self, mb: dict[str, torch.Tensor], gtc: int, gsc: int, last: bool) -> dict[str, float]:
-        """PPO's clipped value loss on one micro-batch, backpropagated into the critic."""
+        """PPO's clipped value loss on one micro-batch, weighted by ``value_coef``, backpropagated into the
+        critic (logged unweighted as ``critic/loss``)."""
         a, cs = self.cfg.algorithm, self.critic_strategy
         values = response_values(self.critic_module, mb, mb["response_ids"].shape[1], device=cs.device)
         dev = values.device
@@ -393,7 +334,7 @@ class PolicyTrainer:
             num_sequences=gsc,
             max_response_length=self.cfg.rollout.max_new_tokens,
         )
-        cs.backward(loss * cs.world_size, last_micro_batch=last)
+        cs.backward(a.value_coef * loss * cs.world_size, last_micro_batch=last)
         return {"critic/loss": float(loss.detach()), **{f"critic/{k}": float(v) for k, v in m.items()}}
 
     def _micro_loss(self, mb: dict[str, torch.Tensor], gtc: int, gsc: int) -> tuple[torch.Tensor, dict[str, float]]:
@@ -445,18 +386,22 @@ class PolicyTrainer:
 
     # ----------------------------------------------------------------------------- loop
     def fit(self) -> dict[str, Any]:
+        """Train to ``total_steps``; returns ``steps`` and the held-out metrics ``eval_before`` (None on a
+        resumed run) and ``eval_after`` (None without held-out data)."""
         cfg = self.cfg
         self._maybe_resume()
+        result: dict[str, Any] = {"eval_before": None, "eval_after": None}
         if self.step == 0 and self.evaluate_fn is not None:
-            self._evaluate("before")
+            result["eval_before"] = self._evaluate()
         while self.step < self.total_steps:
             metrics: dict[str, float] = {}
             self._step_prompt_ids = []
             t_step = time.perf_counter()
             exp = self.make_experience(metrics)
+            self.engine.sleep()  # the update gets the memory the engine held
             self.train_on(exp, metrics)
             t0 = time.perf_counter()
-            self.engine.update_weights()
+            self._sync_engine()
             metrics["time/weight_sync"] = time.perf_counter() - t0
             self.step += 1
             metrics["time/step"] = time.perf_counter() - t_step
@@ -465,22 +410,22 @@ class PolicyTrainer:
             if self.tracker is not None:
                 self.tracker.log(metrics, self.step)
                 self.tracker.advance(metrics.get("reward/combined", 0.0), "reward")
-                self._log_samples()
-                _append_jsonl(self.out / "data_order.jsonl", {"step": self.step, "prompt_ids": self._step_prompt_ids})
-            if (
-                self.evaluate_fn is not None
-                and cfg.train.eval_every
-                and self.step % cfg.train.eval_every == 0
-                and self.step < self.total_steps
-            ):
-                self._evaluate("step")
-            if cfg.train.save_every and self.step % cfg.train.save_every == 0 and self.step < self.total_steps:
-                self.save_checkpoint()
+                self._log_samples(exp)
+                append_jsonl(self.out / "data_order.jsonl", {"step": self.step, "prompt_ids": self._step_prompt_ids})
+            if self.step < self.total_steps:  # the last step is evaluated and saved below
+                if self.evaluate_fn is not None and cfg.train.eval_every and self.step % cfg.train.eval_every == 0:
+                    self._evaluate()
+                if cfg.train.save_every and self.step % cfg.train.save_every == 0:
+                    self.save_checkpoint()
         self.save_checkpoint()
-        result = {"steps": self.step}
         if self.evaluate_fn is not None:
-            result["eval_after"] = self._evaluate("after")
-        return result
+            result["eval_after"] = self._evaluate()
+        return {"steps": self.step, **result}
+
+    def _sync_engine(self) -> None:
+        """Wake the engine and hand it the updated weights (an in-process engine reads nothing)."""
+        self.engine.wake()
+        self.engine.update_weights(self.strategy.full_params())
 
     def _reduce_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
         if not self.strategy.distributed:
@@ -489,39 +434,18 @@ class PolicyTrainer:
         vals = self.strategy.all_reduce(torch.tensor([metrics[k] for k in keys], dtype=torch.float64), "mean")
         return dict(zip(keys, vals.tolist()))
 
-    def _evaluate(self, when: str) -> dict[str, float]:
+    def _evaluate(self) -> dict[str, float]:
         result = self.evaluate_fn(self)
         if self.tracker is not None:
             self.tracker.log({f"eval/{k}": v for k, v in result.items()}, self.step)
-        if when in ("before", "after"):
-            setattr(self, f"eval_{when}", result)
         return result
 
-    def _log_samples(self) -> None:
+    def _log_samples(self, exp: Experience) -> None:
+        """The first ``train.log_samples`` trajectories of the step to ``samples.jsonl`` (rank 0)."""
         if not self.strategy.is_rank0 or self.cfg.train.log_samples <= 0:
             return
-        records, rollouts, per_source, rewards, adv = self._last_rollouts
-        path = self.out / "samples.jsonl"
-        with open(path, "a") as f:
-            for i, x in enumerate(rollouts[: self.cfg.train.log_samples]):
-                rec = records[x.prompt_index]
-                f.write(
-                    json.dumps(
-                        {
-                            "step": self.step,
-                            "id": rec.id,
-                            "prompt": rec.prompt,
-                            "answer": rec.answer,
-                            "image": _image_ref(rec),
-                            "response": x.text,
-                            "finish_reason": x.finish_reason,
-                            "rewards": {k: float(v[i]) for k, v in per_source.items()},
-                            "reward": float(rewards[i]),
-                            "advantage": float(adv[i, 0]) if adv.shape[1] else 0.0,
-                        }
-                    )
-                    + "\n"
-                )
+        for row in exp.sample_rows(self.cfg.train.log_samples):
+            append_jsonl(self.out / "samples.jsonl", {"step": self.step, **row})
 
     # ----------------------------------------------------------------------------- checkpoints
     def _client_state(self) -> dict[str, Any]:
@@ -558,34 +482,8 @@ class PolicyTrainer:
         set_rng_state(state["rng"])
         if self.strategy.is_rank0:  # logs written after the checkpoint belong to steps that will be redone
             for name in ("metrics.jsonl", "samples.jsonl", "data_order.jsonl"):
-                _truncate_jsonl(self.out / name, self.step)
+                truncate_jsonl(self.out / name, self.step)
         self.strategy.barrier()
+        self._sync_engine()  # an engine with its own weights still holds the initial ones
         if self.tracker is not None:
             self.tracker.print(f"resumed from {path} at step {self.step}")
-
-
-def _append_jsonl(path: Path, row: dict) -> None:
-    with open(path, "a") as f:
-        f.write(json.dumps(row) + "\n")
-
-
-def _truncate_jsonl(path: Path, last_step: int) -> None:
-    """Keep the rows of steps <= ``last_step`` (rows are JSON objects with a ``step``)."""
-    if not path.is_file():
-        return
-    keep = [
-        line for line in path.read_text().splitlines() if line.strip() and json.loads(line).get("step", 0) <= last_step
-    ]
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(line + "\n" for line in keep))
-    tmp.replace(path)
-
-
-def _image_ref(rec: PromptRecord) -> Any:
-    refs = []
-    for im in rec.images:
-        if isinstance(im, (str, Path)):
-            refs.append(str(im))
-        else:
-            refs.append(getattr(im, "filename", "") or f"<{type(im).__name__} {getattr(im, 'size', '')}>")
-    return refs

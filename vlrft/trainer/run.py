@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -15,8 +14,6 @@ from data_pipelines.images import image_bounds
 from data_pipelines.readers import filter_by_prompt_length, read_records
 from data_pipelines.records import PromptRecord
 from data_pipelines.synthetic import make_prompt_records
-from eval.benchmarks import user_benchmark
-from eval.runner import evaluate
 from reward_models.pool import RewardPool
 from reward_models.scalar import HEAD_CONFIG, ScalarRewardModel
 from vlrft.config import ConfigError, save_config
@@ -24,7 +21,9 @@ from vlrft.models.tiny import make_tiny_model
 from vlrft.strategies import make_strategy, seed_everything
 from vlrft.tracking import Tracker
 from vlrft.trainer.config import SYNTHETIC_PREFIX, PolicyTrainConfig
+from vlrft.trainer.heldout import heldout_eval
 from vlrft.trainer.policy_trainer import PolicyTrainer
+from vlrft.trainer.summary import write_summary
 
 # the console line of a step (everything goes to metrics.jsonl, TensorBoard and wandb)
 CONSOLE_KEYS = (
@@ -86,64 +85,6 @@ def load_prompt_records(
         **bounds,
     )
     return records
-
-
-def heldout_eval(trainer, records: list[PromptRecord] | None = None) -> dict[str, float]:
-    """Held-out evaluation with the eval harness (``eval.runner.evaluate``) through the trainer's rollout
-    engine: ``train.eval_n`` responses per prompt at ``train.eval_temperature``, scored by the accuracy
-    source's verifier. Each rank evaluates its share; scalar metrics are averaged weighted by problems."""
-
-    cfg, s = trainer.cfg, trainer.strategy
-    records = trainer.eval_records if records is None else records
-    # sharded models generate in lockstep: every rank must make the same number of generate calls
-    records = records[: len(records) - len(records) % s.world_size]
-    mine = records[s.rank :: s.world_size]
-    bench = user_benchmark("heldout", trainer.accuracy_verifier, cfg.data.prompt_template)
-    metrics = evaluate(
-        trainer.strategy.unwrap(),
-        trainer.processor,
-        mine,
-        bench,
-        n=cfg.train.eval_n,
-        temperature=cfg.train.eval_temperature,
-        max_new_tokens=cfg.rollout.max_new_tokens,
-        batch_size=cfg.rollout.micro_rollout_batch_size,
-        seed=cfg.train.seed,
-        system_prompt=cfg.data.system_prompt or None,
-        engine=trainer.engine,
-    )
-    keys = sorted(k for k, v in metrics.items() if isinstance(v, (int, float)) and k != "num_problems")
-    count = float(metrics["num_problems"])
-    totals = s.all_reduce(torch.tensor([count] + [float(metrics[k]) * count for k in keys], dtype=torch.float64), "sum")
-    n = max(1.0, float(totals[0]))
-    return {"num_prompts": n, **{k: float(v) / n for k, v in zip(keys, totals[1:].tolist())}}
-
-
-def plot_curves(history: list[dict[str, float]], evals: list[tuple[int, float]], path: Path) -> None:
-    """PNG of the training reward, accuracy and entropy curves and the held-out accuracy."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    steps = [h["step"] for h in history]
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
-    for key in ("reward/combined", "accuracy", "frac_reward_zero_std"):
-        if any(key in h for h in history):
-            axes[0].plot(steps, [h.get(key, float("nan")) for h in history], label=key)
-    if evals:
-        axes[0].plot([e[0] for e in evals], [e[1] for e in evals], "o-", label="held-out accuracy")
-    axes[0].set_xlabel("step")
-    axes[0].legend(fontsize=8)
-    axes[0].set_title("reward and accuracy")
-    if any("entropy" in h for h in history):
-        axes[1].plot(steps, [h.get("entropy", float("nan")) for h in history], label="entropy")
-    axes[1].set_xlabel("step")
-    axes[1].legend(fontsize=8)
-    axes[1].set_title("policy entropy")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
 
 
 def train_policy(cfg: PolicyTrainConfig) -> dict[str, Any]:
@@ -232,35 +173,12 @@ def train_policy(cfg: PolicyTrainConfig) -> dict[str, Any]:
         "steps": trainer.step,
         "output_dir": str(out),
         "final_model": str(final),
-        "eval_before": getattr(trainer, "eval_before", None),
-        "eval_after": result.get("eval_after"),
+        "eval_before": result["eval_before"],
+        "eval_after": result["eval_after"],
         "last_metrics": trainer.history[-1] if trainer.history else {},
     }
     tracker.close()
     pool.close()
-    if strategy.is_rank0:  # the last thing printed: where everything is
-        evals = [(h["step"], h["eval/accuracy"]) for h in _read_metrics(out) if "eval/accuracy" in h]
-        plot_curves(trainer.history, evals, out / "curves.png")
-        (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-        before = (summary["eval_before"] or {}).get("accuracy")
-        after = (summary["eval_after"] or {}).get("accuracy")
-        print(
-            f"\ntrain-policy done: {trainer.step} steps. Held-out accuracy "
-            f"{_fmt(before)} -> {_fmt(after)}\n"
-            f"  run folder: {out}\n  final model (transformers format): {final}\n"
-            f"  curves: {out / 'curves.png'}\n  sampled trajectories: {out / 'samples.jsonl'}\n"
-            f"  metrics: {out / 'metrics.jsonl'} (TensorBoard: {out / 'tensorboard'}, wandb: {out / 'wandb'})",
-            flush=True,
-        )
+    if strategy.is_rank0:
+        write_summary(out, summary, trainer.history)
     return summary
-
-
-def _fmt(x: float | None) -> str:
-    return "n/a" if x is None else f"{x:.3f}"
-
-
-def _read_metrics(out: Path) -> list[dict]:
-    path = out / "metrics.jsonl"
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

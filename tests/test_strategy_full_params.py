@@ -1,0 +1,57 @@
+"""``Strategy.full_params()``, the stream a rollout engine with its own weights loads after each update:
+Hugging Face names, full tensors, LoRA merged in; under FSDP2 and ZeRO-3 on 2 gloo ranks equal to the
+model as loaded in one process before an update and to the exported full state after one."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from transformers import AutoModelForImageTextToText
+
+import vlrft.models  # noqa: F401
+from tests.test_policy_distributed import _run_script
+from vlrft.strategies import OptimConfig, StrategyConfig, make_strategy
+
+
+def test_single_streams_every_parameter_under_its_hf_name(tiny_model):
+    model = AutoModelForImageTextToText.from_pretrained(tiny_model("qwen2_5_vl"))
+    s = make_strategy(StrategyConfig(), OptimConfig())
+    s.prepare(model)
+    got = dict(s.full_params())
+    ref = dict(model.named_parameters())
+    assert list(got) == list(ref)
+    assert all(torch.equal(got[k], ref[k]) for k in ref)
+
+
+def test_lora_is_merged_like_peft_merge_and_unload(tiny_model):
+    model = AutoModelForImageTextToText.from_pretrained(tiny_model("qwen2_5_vl"))
+    base = {n: p.detach().clone() for n, p in model.named_parameters()}
+    s = make_strategy(StrategyConfig(lora_rank=4, lora_target_modules="q_proj,v_proj"), OptimConfig())
+    peft_model, _, _ = s.prepare(model)
+    with torch.no_grad():  # adapters that do something (lora_B starts at zero)
+        for n, p in peft_model.named_parameters():
+            if "lora_B" in n:
+                p.copy_(torch.randn_like(p) * 0.1)
+    got = dict(s.full_params())
+    merged = dict(copy.deepcopy(peft_model).merge_and_unload().named_parameters())
+    assert list(got) == list(base) == list(merged)  # the base model's names, no adapters
+    diff = max((got[k] - merged[k]).abs().max().item() for k in got)
+    assert diff < 1e-6, diff
+    changed = [k for k in got if not torch.equal(got[k], base[k])]
+    assert changed and all(("q_proj" in k or "v_proj" in k) and k.endswith("weight") for k in changed)
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("strategy, stage", [("fsdp2", "2"), ("deepspeed", "3")])
+def test_sharded_strategies_stream_full_tensors(tiny_model, tmp_path, strategy, stage):
+    out = tmp_path / "report.pt"
+    _run_script("full_params.py", [str(tiny_model("qwen2_5_vl")), str(out), strategy, stage], 2)
+    report = torch.load(out)
+    ref = [n for n, _ in AutoModelForImageTextToText.from_pretrained(tiny_model("qwen2_5_vl")).named_parameters()]
+    assert report["names_before"] == sorted(ref)
+    assert report["missing_from_disk"] == [] and report["missing_from_export"] == []
+    assert report["max_diff_disk"] == 0.0  # the stream before an update is the model as loaded ...
+    assert report["moved"] > 1e-3  # ... an update moves it (Adam, lr 1e-2) ...
+    assert report["max_diff_export"] == 0.0  # ... and after it the stream is the exported state
