@@ -28,12 +28,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
 from data_pipelines.collate import encode_prompt
 from data_pipelines.records import JudgmentRecord, PromptRecord
 from data_pipelines.synthetic import make_prompt_records
-from reward_models.encoding import load_processor
+from vlrft.models.loading import load_model
 from vlrft.rollout import SamplingParams, make_engine
 
 ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
@@ -173,7 +172,7 @@ class GenerativeRewardModel:
     def from_pretrained(
         cls, path: str | Path, dtype: torch.dtype | None = None, **kwargs: Any
     ) -> GenerativeRewardModel:
-        model, processor = load_judge(path, dtype)
+        model, processor = load_model(path, dtype or torch.float32)
         return cls(model, processor, **kwargs)
 
     @torch.no_grad()
@@ -190,15 +189,6 @@ class GenerativeRewardModel:
         judge_items = [(judgment_prompt(p, r, self.template), ims, self.system) for p, ims, r, _ in items]
         texts = self.judge(judge_items, micro_batch_size)
         return torch.tensor([self.parser.reward(t) for t in texts], dtype=torch.float32), texts
-
-
-def load_judge(path: str | Path, dtype: torch.dtype | None = None) -> tuple[Any, Any]:
-    """A judge checkpoint: ``AutoModelForImageTextToText`` (VL) or ``AutoModelForCausalLM`` (text), + processor."""
-
-    is_vl = hasattr(AutoConfig.from_pretrained(str(path)), "vision_config")
-    auto = AutoModelForImageTextToText if is_vl else AutoModelForCausalLM
-    model = auto.from_pretrained(str(path), dtype=dtype or torch.float32)
-    return model, load_processor(path)
 
 
 @torch.no_grad()

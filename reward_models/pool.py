@@ -29,11 +29,11 @@ from typing import Optional
 import torch
 
 from data_pipelines.records import PromptRecord
-from reward_models.encoding import load_processor
 from reward_models.generative import JUDGE_SYSTEM_PROMPT, POINTWISE_JUDGE_TEMPLATE, GenerativeRewardModel
 from reward_models.scalar import ScalarRewardModel, score_responses
 from reward_models.verifiers import get_verifier
 from vlrft.config import option
+from vlrft.models.loading import load_processor
 
 KINDS = ("verifier", "srm", "grm")
 

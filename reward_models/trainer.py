@@ -23,7 +23,6 @@ from reward_models.config import RewardModelTrainConfig
 from reward_models.encoding import encode_responses, encode_sft, model_inputs
 from reward_models.generative import (
     generate_judgments,
-    load_judge,
     make_synthetic_judgments,  # in the pool's judge format
     parse_judgment,
 )
@@ -31,6 +30,7 @@ from reward_models.losses import bradley_terry_loss, judge_sft_loss
 from reward_models.scalar import ScalarRewardModel
 from vlrft import checkpoints
 from vlrft.config import save_config
+from vlrft.models.loading import load_model
 from vlrft.models.tiny import make_tiny_model
 from vlrft.strategies import make_strategy, rng_state, seed_everything, set_rng_state
 from vlrft.tracking import Tracker
@@ -198,14 +198,13 @@ def evaluate(model: Any, processor: Any, records: list, cfg: RewardModelTrainCon
 def build_model(cfg: RewardModelTrainConfig) -> tuple[torch.nn.Module, Any]:
     """The model to train and its processor (tokenizer for text-only checkpoints)."""
 
-    dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
     if not cfg.model.path:
         raise ValueError("model.path is empty (train_reward_model fills it with a tiny model first)")
-    judge, processor = load_judge(cfg.model.path, dtype)
-    if cfg.model.kind == "grm":
-        return judge, processor
-    del judge
-    return ScalarRewardModel.from_backbone(cfg.model.path, cfg.model.pooling, dtype, seed=cfg.strategy.seed), processor
+    grm = cfg.model.kind == "grm"
+    model, processor = load_model(cfg.model.path, cfg.model.dtype, lm_head=grm)  # an SRM takes the base model
+    if grm:
+        return model, processor
+    return ScalarRewardModel(model, cfg.model.pooling, seed=cfg.strategy.seed), processor
 
 
 def train_reward_model(cfg: RewardModelTrainConfig, records: tuple[list, list] | None = None) -> dict:

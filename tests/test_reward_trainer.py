@@ -189,7 +189,7 @@ def test_torchrun_two_ranks_match_one_process(tiny_model, tmp_path, strategy):
 @pytest.mark.parametrize("strategy, stage", [("fsdp2", 2), ("deepspeed", 3)])
 def test_torchrun_grm_trains_and_judges(tiny_model, tmp_path, strategy, stage):
     """A judge under FSDP2 / ZeRO-3 (parameters sharded): SFT steps, held-out judgments, export."""
-    from reward_models.generative import load_judge
+    from vlrft.models.loading import load_model
 
     out = tmp_path / strategy
     args = _dist_args(tiny_model("qwen2_5_vl"), out, strategy, steps=2) + [
@@ -204,7 +204,7 @@ def test_torchrun_grm_trains_and_judges(tiny_model, tmp_path, strategy, stage):
     assert final["eval/n"] == 5 and final["eval/unparsable"] == 5  # 2 steps at lr 1e-3: no verdicts yet
     rows = [r for r in _metrics(out) if "train/loss" in r]
     assert [r["step"] for r in rows] == [1, 2] and rows[1]["train/loss"] < rows[0]["train/loss"]
-    model, _ = load_judge(out / "model")
+    model, _ = load_model(out / "model")
     assert type(model).__name__ == "Qwen2_5_VLForConditionalGeneration"
 
 
