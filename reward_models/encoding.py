@@ -149,12 +149,3 @@ def verdict_mask(tokenizer: Any, labels: torch.Tensor) -> torch.Tensor:
             if hi > start and lo < end:
                 mask[i, pos[k]] = True
     return mask
-
-
-def model_inputs(batch: dict, device: torch.device | str | None = None) -> dict:
-    """The tensors a Qwen(-VL) forward takes, moved to ``device``."""
-    keys = ("input_ids", "attention_mask", "pixel_values", "image_grid_thw", "mm_token_type_ids")
-    out = {k: batch[k] for k in keys if k in batch}
-    if device is not None:
-        out = {k: v.to(device) for k, v in out.items()}
-    return out

@@ -25,7 +25,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from reward_models.encoding import encode_responses, model_inputs
+from data_pipelines.collate import model_inputs
+from reward_models.encoding import encode_responses
 from vlrft.models.loading import load_model
 
 HEAD_CONFIG = "vlrft_reward_head.json"

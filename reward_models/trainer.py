@@ -17,10 +17,11 @@ from typing import Any
 
 import torch
 
+from data_pipelines.collate import model_inputs
 from data_pipelines.readers import read_records
 from data_pipelines.synthetic import make_preference_pairs
 from reward_models.config import RewardModelTrainConfig
-from reward_models.encoding import encode_responses, encode_sft, model_inputs
+from reward_models.encoding import encode_responses, encode_sft
 from reward_models.generative import (
     generate_judgments,
     make_synthetic_judgments,  # in the pool's judge format
