@@ -16,7 +16,7 @@ import torch
 
 from data_pipelines import synthetic
 from data_pipelines.readers import read_records
-from reward_models.generative import generate_judgments, make_synthetic_judgments, parse_judgment
+from reward_models.generative import generate_judgments, parse_judgment
 from reward_models.scalar import HEAD_CONFIG, ScalarRewardModel, score_responses
 from vlrft.models.loading import load_model, load_processor
 
@@ -37,9 +37,8 @@ def load_eval_records(
         opts = dict(synthetic_options or {})
         if kind == "preference":
             return synthetic.make_preference_pairs(task, n, seed, **opts)
-        if judge_mode == "pointwise":  # the pool's judge format (as train-reward-model's synthetic data)
-            return make_synthetic_judgments(task, n, seed, **opts)
-        return synthetic.make_judgment_records(task, n, seed, mode="pairwise", **opts)
+        # pointwise: the pool's judge format, as train-reward-model's synthetic data
+        return synthetic.make_judgment_records(task, n, seed, judge_mode=judge_mode, **opts)
 
     records, report = read_records(data, kind=kind, on_bad_record=on_bad_record)
     if report.skipped:

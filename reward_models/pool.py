@@ -28,8 +28,9 @@ from typing import Optional
 
 import torch
 
+from data_pipelines.formatting import JUDGE_SYSTEM_PROMPT, POINTWISE_JUDGE_TEMPLATE
 from data_pipelines.records import PromptRecord
-from reward_models.generative import JUDGE_SYSTEM_PROMPT, POINTWISE_JUDGE_TEMPLATE, GenerativeRewardModel
+from reward_models.generative import GenerativeRewardModel
 from reward_models.scalar import ScalarRewardModel, score_responses
 from reward_models.verifiers import get_verifier
 from vlrft.config import option

@@ -19,14 +19,10 @@ import torch
 
 from data_pipelines.collate import model_inputs
 from data_pipelines.readers import read_records
-from data_pipelines.synthetic import make_preference_pairs
+from data_pipelines.synthetic import make_judgment_records, make_preference_pairs
 from reward_models.config import RewardModelTrainConfig
 from reward_models.encoding import encode_responses, encode_sft
-from reward_models.generative import (
-    generate_judgments,
-    make_synthetic_judgments,  # in the pool's judge format
-    parse_judgment,
-)
+from reward_models.generative import generate_judgments, parse_judgment
 from reward_models.losses import bradley_terry_loss, judge_sft_loss
 from reward_models.scalar import ScalarRewardModel
 from vlrft import checkpoints
@@ -51,10 +47,10 @@ def load_records(cfg: RewardModelTrainConfig) -> tuple[list, list]:
             )
 
         return (
-            make_synthetic_judgments(
+            make_judgment_records(
                 d.synthetic_task, d.synthetic_train_size, d.synthetic_seed, paired=d.group_size == 2, **opts
             ),
-            make_synthetic_judgments(d.synthetic_task, d.synthetic_eval_size, d.synthetic_seed + 1, **opts),
+            make_judgment_records(d.synthetic_task, d.synthetic_eval_size, d.synthetic_seed + 1, **opts),
         )
     train = _read(d.train_source, kind, d.on_bad_record)
     if d.eval_source:

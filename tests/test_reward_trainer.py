@@ -108,8 +108,8 @@ def test_srm_learns_colour_preferences_and_eval_command_agrees(tiny_model, tmp_p
 
 def test_grm_learns_colour_judgments_and_eval_command_agrees(tiny_model, tmp_path, capsys):
     """Learning proof: a tiny Qwen2.5-VL judge from scratch, >= 80% held-out judgment accuracy."""
+    from data_pipelines.synthetic import make_judgment_records
     from data_pipelines.writers import write_records
-    from reward_models.generative import make_synthetic_judgments
 
     run = tmp_path / "grm"
     t0 = time.time()
@@ -134,7 +134,7 @@ def test_grm_learns_colour_judgments_and_eval_command_agrees(tiny_model, tmp_pat
     assert rows[0]["eval/judgment_accuracy"] <= 0.6  # an untrained judge does not even write the format
     assert final["step"] == 400 and final["eval/judgment_accuracy"] >= 0.8 and final["eval/n"] == 64
     # the exported judge, on the same held-out records read back from a JSONL file
-    held_out = make_synthetic_judgments("color", 64, seed=1, num_colors=2)
+    held_out = make_judgment_records("color", 64, seed=1, num_colors=2)
     data = write_records(held_out, tmp_path / "held_out.jsonl")
     capsys.readouterr()
     assert main(["eval-reward-model", str(run / "model"), str(data), "--out", str(tmp_path / "eval.json")]) == 0
