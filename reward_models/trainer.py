@@ -29,6 +29,7 @@ from vlrft import checkpoints
 from vlrft.config import save_config
 from vlrft.models.loading import load_model
 from vlrft.models.tiny import make_tiny_model
+from vlrft.sampling import REWARD_ORDER_STRIDE, seeded_permutation
 from vlrft.strategies import make_strategy, rng_state, seed_everything, set_rng_state
 from vlrft.tracking import Tracker
 
@@ -79,12 +80,14 @@ def batch_indices(
     n_groups = n // group_size
     global_bs = batch_size * world
     start = step * global_bs + rank * batch_size
+    orders: dict[int, list[int]] = {}
     out = []
     for pos in range(start, start + batch_size):
         epoch, i = divmod(pos, n_groups * group_size)
-        perm = torch.randperm(n_groups, generator=torch.Generator().manual_seed(seed * 100_003 + epoch))
+        if epoch not in orders:
+            orders[epoch] = seeded_permutation(n_groups, seed, epoch, stride=REWARD_ORDER_STRIDE)
         group, offset = divmod(i, group_size)
-        out.append(int(perm[group]) * group_size + offset)
+        out.append(orders[epoch][group] * group_size + offset)
     return out
 
 
