@@ -144,9 +144,12 @@ def collate_sequences(
     }
 
 
-MODEL_INPUT_KEYS = ("input_ids", "attention_mask", "pixel_values", "image_grid_thw")
+# mm_token_type_ids: transformers 5's Qwen-VL processors mark image tokens with it (the reward-model
+# encoders' batches come straight from the processor); collated batches do not have it.
+MODEL_INPUT_KEYS = ("input_ids", "attention_mask", "pixel_values", "image_grid_thw", "mm_token_type_ids")
 
 
 def model_inputs(batch: dict[str, torch.Tensor], device: torch.device | str | None = None) -> dict[str, torch.Tensor]:
-    """The keys of ``batch`` that the model's forward takes, moved to ``device``."""
+    """The keys of ``batch`` that a Qwen(-VL) forward (policy, judge or reward-model backbone) takes,
+    moved to ``device``."""
     return {k: (v.to(device) if device is not None else v) for k, v in batch.items() if k in MODEL_INPUT_KEYS}

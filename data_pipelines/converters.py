@@ -134,22 +134,35 @@ def _geo3k_intergps(folder: Path, split: str, on_bad_record: str, check_images: 
     return collect(rows(), str(folder), make, on_bad_record=on_bad_record)
 
 
-def as_multiple_choice(
-    record: PromptRecord, instruction: str = "Answer with the letter of the right choice."
-) -> PromptRecord:
-    """The multiple-choice form of a Geometry3K record: choices listed as ``A. ...``, the answer a letter.
+MULTIPLE_CHOICE_INSTRUCTION = "Answer with the letter of the right choice."
 
-    Needs ``metadata["choices"]`` and ``metadata["answer_letter"]`` (the InterGPS layout keeps them); the
-    free-form answer moves to ``metadata["free_form_answer"]``.
+
+def as_multiple_choice(record: PromptRecord, instruction: str = MULTIPLE_CHOICE_INSTRUCTION) -> PromptRecord:
+    """The multiple-choice form of a Geometry3K record (the ``geo3k_mc`` benchmark's): the choices listed
+    after the problem as ``A. ...`` lines, then ``instruction``; the answer is the right letter.
+
+    Needs ``metadata["choices"]`` (the InterGPS layout keeps them); the letter is
+    ``metadata["answer_letter"]``, else the letter of the choice whose text is the answer. The free-form
+    answer moves to ``metadata["free_form_answer"]``.
     """
     choices, letter = record.metadata.get("choices"), record.metadata.get("answer_letter")
-    if not choices or not letter:
+    if not choices:
         raise DataError(
             "no choices in metadata (the hub layout has none; convert the InterGPS layout)",
             category="missing field",
             source=f"record {record.id!r}",
             field="metadata.choices",
         )
+    if not letter:
+        texts = [c.strip() for c in choices]
+        if (record.answer or "").strip() not in texts:
+            raise DataError(
+                f"no answer_letter in metadata and the answer {record.answer!r} is none of the choices",
+                category="bad answer",
+                source=f"record {record.id!r}",
+                field="metadata.answer_letter",
+            )
+        letter = chr(ord("A") + texts.index(record.answer.strip()))
     listed = "\n".join(f"{chr(ord('A') + i)}. {c}" for i, c in enumerate(choices))
     return dataclasses.replace(
         record,

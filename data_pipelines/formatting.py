@@ -7,6 +7,10 @@ goes straight into ``processor.apply_chat_template``; a text-only Qwen tokenizer
 string contents, which :func:`text_only_messages` makes from the same list. A prompt template is a
 format string with ``{prompt}`` or a name in ``PROMPT_TEMPLATES``; it wraps the prompt text,
 placeholders included, before the split.
+
+The judge format (generative reward models): the system turn :data:`JUDGE_SYSTEM_PROMPT` and the user
+turn :data:`POINTWISE_JUDGE_TEMPLATE` with the record's images; the target, what
+``reward_models.generative.parse_judgment`` reads, is ``[rationale ]<answer>yes|no</answer>``.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from typing import Any
 from PIL import Image
 
 from data_pipelines.images import load_image
-from data_pipelines.records import IMAGE_PLACEHOLDER
+from data_pipelines.records import IMAGE_PLACEHOLDER, JudgmentRecord, PromptRecord
 
 # Instruction suffixes as the peers use them (EasyR1's math template, verl's GSM8K instruction).
 PROMPT_TEMPLATES: dict[str, str] = {
@@ -29,6 +33,15 @@ PROMPT_TEMPLATES: dict[str, str] = {
     "gsm8k": '{prompt} Let\'s think step by step and output the final answer after "####".',
     "answer_tag": "{prompt} Put your final answer within <answer> </answer> tags.",
 }
+
+# The judge prompt the reward pool uses for a (prompt, response): the instruction is the system turn and
+# the candidate answer ends the user turn, right before the judgment (a tiny judge learns this layout
+# several times faster than one with the instruction after the candidate). Images go first (or at <image>).
+JUDGE_SYSTEM_PROMPT = (
+    "You are a judge. Reply <answer>yes</answer> if the candidate answer to the question is correct, "
+    "otherwise <answer>no</answer>."
+)
+POINTWISE_JUDGE_TEMPLATE = "Question: {prompt}\nCandidate answer: {response}"
 
 
 def resolve_template(prompt_template: str | None) -> str:
@@ -103,3 +116,29 @@ def text_only_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         }
         for m in messages
     ]
+
+
+def judgment_prompt(prompt: str, response: str, template: str = POINTWISE_JUDGE_TEMPLATE) -> str:
+    """The judge's user text for one response (``<image>`` placeholders of the prompt are kept)."""
+    return template.replace("{prompt}", prompt).replace("{response}", response)
+
+
+def pointwise_judgment_record(
+    record: PromptRecord,
+    response: str,
+    correct: bool,
+    rationale: str = "",
+    template: str = POINTWISE_JUDGE_TEMPLATE,
+    system: str = JUDGE_SYSTEM_PROMPT,
+) -> JudgmentRecord:
+    """A judge training record in the judge format: target ``[rationale ]<answer>yes|no</answer>``."""
+    verdict = "yes" if correct else "no"
+    return JudgmentRecord(
+        id=f"{record.id}/{response}",
+        prompt=judgment_prompt(record.prompt, response, template),
+        images=record.images,
+        target=(f"{rationale} " if rationale else "") + f"<answer>{verdict}</answer>",
+        task=record.task,
+        system=system,
+        metadata={**record.metadata, "candidate": response, "verdict": verdict},
+    )

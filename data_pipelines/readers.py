@@ -19,8 +19,8 @@ from typing import Any
 
 from PIL import Image
 
+from data_pipelines.collate import encode_prompt
 from data_pipelines.errors import DataError
-from data_pipelines.formatting import build_messages
 from data_pipelines.images import (
     DEFAULT_MAX_IMAGE_PIXELS,
     DEFAULT_MAX_PIXELS,
@@ -319,20 +319,15 @@ def _content_text(content: Any, name: str, inline: list[Any]) -> str:
 def prompt_length(
     record: Record, processor_or_tokenizer: Any, *, system_prompt: str | None = None, prompt_template: str | None = None
 ) -> int:
-    """Tokens of the record's chat-formatted prompt (generation prompt and image tokens included)."""
+    """Tokens of the record's prompt as :func:`~data_pipelines.collate.encode_prompt` encodes it for
+    generation (chat template, generation prompt and image tokens included)."""
 
-    proc = processor_or_tokenizer
-    messages = build_messages(record, system_prompt=system_prompt, prompt_template=prompt_template)
-    text = proc.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    images = [
-        c["image"] for m in messages if isinstance(m["content"], list) for c in m["content"] if c["type"] == "image"
-    ]
-    if images:
-        if getattr(proc, "image_processor", None) is None:
-            raise ValueError("records with images need the model's processor (not its tokenizer) to count image tokens")
-        return len(proc(text=[text], images=images)["input_ids"][0])
-    tokenizer = getattr(proc, "tokenizer", proc)
-    return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+    if record.images and getattr(processor_or_tokenizer, "image_processor", None) is None:
+        raise ValueError("records with images need the model's processor (not its tokenizer) to count image tokens")
+    encoded = encode_prompt(
+        processor_or_tokenizer, record, system_prompt=system_prompt, prompt_template=prompt_template
+    )
+    return encoded.input_ids.numel()
 
 
 def filter_by_prompt_length(

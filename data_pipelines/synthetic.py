@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
+from data_pipelines.formatting import JUDGE_SYSTEM_PROMPT, POINTWISE_JUDGE_TEMPLATE, pointwise_judgment_record
 from data_pipelines.records import JudgmentRecord, PreferencePair, PromptRecord
 from data_pipelines.writers import write_records
 
@@ -46,11 +47,7 @@ PLURALS = {"cross": "crosses"}
 BACKGROUND = (128, 128, 128)  # object mode: a grey no colour name is close to
 DRAW_COLORS = ("red", "green", "blue", "yellow", "purple", "orange", "black")  # on white backgrounds
 
-# Judge prompts (generative reward models). The target is the answer tag alone.
-JUDGE_POINTWISE = (
-    "<image>Question: {question}\nCandidate answer: {candidate}\n"
-    "Is the candidate answer correct? Answer with <answer>yes</answer> or <answer>no</answer>."
-)
+# The pairwise judge prompt (pointwise judgments use the judge format of data_pipelines.formatting).
 JUDGE_PAIRWISE = (
     "<image>Question: {question}\nAnswer A: {a}\nAnswer B: {b}\n"
     "Which answer is correct? Answer with <answer>A</answer> or <answer>B</answer>."
@@ -381,39 +378,62 @@ def make_preference_pairs(
 
 
 def make_judgment_records(
-    task: str, n: int, seed: int = 0, *, mode: str = "pointwise", **options: Any
+    task: str,
+    n: int,
+    seed: int = 0,
+    *,
+    judge_mode: str = "pointwise",
+    paired: bool = False,
+    judge_template: str = POINTWISE_JUDGE_TEMPLATE,
+    judge_system_prompt: str = JUDGE_SYSTEM_PROMPT,
+    **options: Any,
 ) -> list[JudgmentRecord]:
-    """``n`` judge records: the image, the question and candidate answer(s); the target is the verdict.
+    """Judge records from ``task``'s prompts: the image, the question and candidate answer(s); the target
+    is the verdict. Wrong candidates are drawn from the task's answer vocabulary.
 
-    ``mode="pointwise"``: prompt ``JUDGE_POINTWISE``, target ``<answer>yes</answer>`` when the candidate
-    is right, else ``<answer>no</answer>`` (half each). ``mode="pairwise"``: prompt ``JUDGE_PAIRWISE``
-    with one right and one wrong answer, target ``<answer>A</answer>`` or ``<answer>B</answer>`` (half each).
+    ``judge_mode="pointwise"`` (what ``train-reward-model`` trains on): the judge format of
+    :func:`~data_pipelines.formatting.pointwise_judgment_record` (the reward pool's; ``judge_template``
+    and ``judge_system_prompt`` as its ``judge_template``/``judge_system_prompt``), target
+    ``<answer>yes</answer>`` or ``<answer>no</answer>``. ``paired``: ``n // 2`` prompts, each giving its
+    right candidate (yes) then a wrong one (no), side by side (train with ``data.group_size: 2``);
+    otherwise ``n`` prompts with the right and a wrong candidate alternating.
+
+    ``judge_mode="pairwise"``: prompt ``JUDGE_PAIRWISE`` with one right and one wrong answer, target
+    ``<answer>A</answer>`` or ``<answer>B</answer>`` (half each, shuffled).
     """
-    if mode not in ("pointwise", "pairwise"):
-        raise ValueError(f"mode must be 'pointwise' or 'pairwise', got {mode!r}")
-    rng = random.Random(f"vlrft-judgments/{task}/{seed}/{mode}")
-    records = make_prompt_records(task, n, seed, **options)
+    if judge_mode not in ("pointwise", "pairwise"):
+        raise ValueError(f"judge_mode must be 'pointwise' or 'pairwise', got {judge_mode!r}")
+    if judge_mode == "pointwise":
+        rng = random.Random(f"vlrft-judge/{task}/{seed}")
+        out: list[JudgmentRecord] = []
+        for i, rec in enumerate(make_prompt_records(task, n // 2 if paired else n, seed, **options)):
+            wrong = _wrong(rec, rng)
+            right = [True, False] if paired else [i % 2 == 0]
+            out += [
+                pointwise_judgment_record(
+                    rec, rec.answer if ok else wrong, ok, template=judge_template, system=judge_system_prompt
+                )
+                for ok in right
+            ]
+        return out
+    if paired:
+        raise ValueError("paired applies to pointwise judgments (a pairwise record holds both answers)")
+    rng = random.Random(f"vlrft-judgments/{task}/{seed}/pairwise")
     flags = [i % 2 == 0 for i in range(n)]
     rng.shuffle(flags)
     out = []
-    for rec, flag in zip(records, flags):
+    for rec, flag in zip(make_prompt_records(task, n, seed, **options), flags):
         wrong = _wrong(rec, rng)
-        if mode == "pointwise":
-            candidate = rec.answer if flag else wrong
-            prompt, target = JUDGE_POINTWISE.format(question=rec.prompt, candidate=candidate), "yes" if flag else "no"
-            meta = {"candidate": candidate}
-        else:
-            a, b = (rec.answer, wrong) if flag else (wrong, rec.answer)
-            prompt, target = JUDGE_PAIRWISE.format(question=rec.prompt, a=a, b=b), "A" if flag else "B"
-            meta = {"answer_a": a, "answer_b": b}
+        a, b = (rec.answer, wrong) if flag else (wrong, rec.answer)
+        target = "A" if flag else "B"
         out.append(
             JudgmentRecord(
                 id=rec.id,
-                prompt=prompt,
+                prompt=JUDGE_PAIRWISE.format(question=rec.prompt, a=a, b=b),
                 target=f"<answer>{target}</answer>",
                 images=rec.images,
                 task=task,
-                metadata={**rec.metadata, **meta, "judge_mode": mode, "verdict": target},
+                metadata={**rec.metadata, "answer_a": a, "answer_b": b, "judge_mode": "pairwise", "verdict": target},
             )
         )
     return out

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
-from data_pipelines.converters import convert_geo3k, convert_gsm8k
+from data_pipelines.converters import as_multiple_choice, convert_geo3k, convert_gsm8k
 from data_pipelines.readers import read_records
 from data_pipelines.records import PromptRecord
 from data_pipelines.sources import open_rows
@@ -77,23 +77,6 @@ def load_geo3k(data: str | Path, split: str = "test") -> list[PromptRecord]:
     if (folder.is_dir() and any(folder.glob("*/data.json"))) or "problem" in _first_row(data, split):
         return convert_geo3k(data, split)[0]
     return read_prompt_records(data, split)
-
-
-def as_multiple_choice(record: PromptRecord) -> PromptRecord:
-    """A Geometry3K record in multiple-choice form: the choices listed after the problem as ``A. ...``
-    lines, the reference answer the right letter. Needs ``metadata['choices']`` (the InterGPS layout)."""
-    choices = record.metadata.get("choices")
-    if not choices:
-        raise ValueError(
-            f"record {record.id!r} has no metadata['choices']: the multiple-choice mode needs the "
-            "InterGPS layout of Geometry3K (or records with choices)"
-        )
-    letter = record.metadata.get("answer_letter")
-    if letter is None:
-        letter = "ABCDEFGHIJ"[[c.strip() for c in choices].index(record.answer.strip())]
-    lines = "\n".join(f"{'ABCDEFGHIJ'[i]}. {c}" for i, c in enumerate(choices))
-    prompt = f"{record.prompt}\nChoices:\n{lines}\nAnswer with the letter of the correct choice."
-    return replace(record, prompt=prompt, answer=letter, metadata={**record.metadata, "answer_text": record.answer})
 
 
 def load_geo3k_mc(data: str | Path, split: str = "test") -> list[PromptRecord]:

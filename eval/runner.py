@@ -18,11 +18,8 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 
-import torch
 from tqdm import tqdm
-from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
 
-import vlrft.models  # noqa: F401  registers the image-only processors
 from data_pipelines.formatting import apply_template
 from data_pipelines.records import PromptRecord
 from eval.benchmarks import Benchmark, get_benchmark
@@ -243,34 +240,3 @@ def evaluate(
                 Path(out_dir) / REPORT, metrics, rows, records, title=f"{bench.name}: {settings.get('model', '')}"
             )
     return metrics
-
-
-def load_policy(model: str | Path, *, device: str = "cpu", dtype: str | None = None) -> tuple[Any, Any]:
-    """(model, processor or tokenizer) from an HF model folder, a ``train-policy`` checkpoint folder
-    (its ``hf/`` export is used) or a hub id (only when online)."""
-
-    path = Path(model).expanduser()
-    if path.exists():
-        if (path / "hf" / "config.json").is_file():
-            path = path / "hf"
-        if not (path / "config.json").is_file():
-            raise FileNotFoundError(
-                f"--model {model}: no config.json there (nor in its hf/ subfolder); want an HF "
-                "model folder or a train-policy checkpoint folder"
-            )
-        name: str | Path = path
-    else:
-        if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
-            raise FileNotFoundError(
-                f"--model {model}: no such folder, and hub ids need the network (HF_HUB_OFFLINE is set)"
-            )
-        name = str(model)
-    config = AutoConfig.from_pretrained(name)
-    kwargs = {"dtype": getattr(torch, dtype)} if dtype else {}
-    if getattr(config, "vision_config", None) is not None:
-        policy = AutoModelForImageTextToText.from_pretrained(name, **kwargs)
-        processor = AutoProcessor.from_pretrained(name)
-    else:
-        policy = AutoModelForCausalLM.from_pretrained(name, **kwargs)
-        processor = AutoTokenizer.from_pretrained(name)
-    return policy.to(device).eval(), processor

@@ -12,9 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from transformers import AutoConfig, AutoProcessor, AutoTokenizer
 
-import vlrft.models  # noqa: F401  (image-only processors)
 from data_pipelines.collate import processor_image_kwargs, tokenizer_of
 from data_pipelines.formatting import build_messages, text_only_messages
 from data_pipelines.images import load_image
@@ -35,14 +33,6 @@ def conversation(prompt: str, images: list[Any], response: str | None, system: s
 
     record = PromptRecord(id="", prompt=prompt, images=list(images), system=system)
     return build_messages(record, response=response)
-
-
-def load_processor(path: str | Any) -> Any:
-    """The processor of a Qwen-VL folder, or the tokenizer of a text-only one."""
-
-    if hasattr(AutoConfig.from_pretrained(str(path)), "vision_config"):
-        return AutoProcessor.from_pretrained(str(path))
-    return AutoTokenizer.from_pretrained(str(path))
 
 
 def _is_processor(processor: Any) -> bool:
@@ -159,12 +149,3 @@ def verdict_mask(tokenizer: Any, labels: torch.Tensor) -> torch.Tensor:
             if hi > start and lo < end:
                 mask[i, pos[k]] = True
     return mask
-
-
-def model_inputs(batch: dict, device: torch.device | str | None = None) -> dict:
-    """The tensors a Qwen(-VL) forward takes, moved to ``device``."""
-    keys = ("input_ids", "attention_mask", "pixel_values", "image_grid_thw", "mm_token_type_ids")
-    out = {k: batch[k] for k in keys if k in batch}
-    if device is not None:
-        out = {k: v.to(device) for k, v in out.items()}
-    return out

@@ -16,9 +16,9 @@ import torch
 
 from data_pipelines import synthetic
 from data_pipelines.readers import read_records
-from reward_models.encoding import load_processor
-from reward_models.generative import generate_judgments, load_judge, make_synthetic_judgments, parse_judgment
+from reward_models.generative import generate_judgments, parse_judgment
 from reward_models.scalar import HEAD_CONFIG, ScalarRewardModel, score_responses
+from vlrft.models.loading import load_model, load_processor
 
 
 def load_eval_records(
@@ -37,9 +37,8 @@ def load_eval_records(
         opts = dict(synthetic_options or {})
         if kind == "preference":
             return synthetic.make_preference_pairs(task, n, seed, **opts)
-        if judge_mode == "pointwise":  # the pool's judge format (as train-reward-model's synthetic data)
-            return make_synthetic_judgments(task, n, seed, **opts)
-        return synthetic.make_judgment_records(task, n, seed, mode="pairwise", **opts)
+        # pointwise: the pool's judge format, as train-reward-model's synthetic data
+        return synthetic.make_judgment_records(task, n, seed, judge_mode=judge_mode, **opts)
 
     records, report = read_records(data, kind=kind, on_bad_record=on_bad_record)
     if report.skipped:
@@ -80,8 +79,7 @@ def evaluate_reward_model(
         }
 
     records = load_eval_records(data, "judgment", on_bad_record, synthetic_options, judge_mode)
-    model, processor = load_judge(model_dir)
-    model.to(dev)
+    model, processor = load_model(model_dir, device=dev)
     texts = generate_judgments(
         model, processor, [(r.prompt, r.images, r.system) for r in records], max_new_tokens, batch_size
     )

@@ -13,27 +13,26 @@ Anything else (no tag, an empty tag, another word, a number that is not finite) 
 with regular expressions and ``float()``; it is never evaluated.
 
 The judge prompt used when the GRM scores a (prompt, response) in the reward pool is the system turn
-:data:`JUDGE_SYSTEM_PROMPT` and the user turn :data:`POINTWISE_JUDGE_TEMPLATE` (both configurable),
-with the record's images in the user turn; :func:`pointwise_judgment_record` builds training records
-in that format.
+``JUDGE_SYSTEM_PROMPT`` and the user turn ``POINTWISE_JUDGE_TEMPLATE`` (both configurable), with the
+record's images in the user turn: the judge format of ``data_pipelines.formatting``, whose
+``pointwise_judgment_record`` builds training records in it (``data_pipelines.synthetic.make_judgment_records``
+from the synthetic tasks).
 """
 
 from __future__ import annotations
 
 import math
-import random
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
 from data_pipelines.collate import encode_prompt
-from data_pipelines.records import JudgmentRecord, PromptRecord
-from data_pipelines.synthetic import make_prompt_records
-from reward_models.encoding import load_processor
+from data_pipelines.formatting import JUDGE_SYSTEM_PROMPT, POINTWISE_JUDGE_TEMPLATE, judgment_prompt
+from data_pipelines.records import PromptRecord
+from vlrft.models.loading import load_model
 from vlrft.rollout import SamplingParams, make_engine
 
 ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
@@ -41,15 +40,6 @@ YES = ("yes", "true", "correct")
 NO = ("no", "false", "incorrect")
 NUMBER_RE = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?")
 MODES = ("pointwise", "pairwise")
-
-# The judge prompt the reward pool uses for a (prompt, response): the instruction is the system turn and
-# the candidate answer ends the user turn, right before the judgment (a tiny judge learns this layout
-# several times faster than one with the instruction after the candidate). Images go first (or at <image>).
-JUDGE_SYSTEM_PROMPT = (
-    "You are a judge. Reply <answer>yes</answer> if the candidate answer to the question is correct, "
-    "otherwise <answer>no</answer>."
-)
-POINTWISE_JUDGE_TEMPLATE = "Question: {prompt}\nCandidate answer: {response}"
 
 
 def extract_answer(judgment: str) -> str | None:
@@ -102,53 +92,6 @@ class JudgmentParser:
         return float(value)
 
 
-def judgment_prompt(prompt: str, response: str, template: str = POINTWISE_JUDGE_TEMPLATE) -> str:
-    """The judge's user text for one response (``<image>`` placeholders of the prompt are kept)."""
-    return template.replace("{prompt}", prompt).replace("{response}", response)
-
-
-def pointwise_judgment_record(
-    record: PromptRecord,
-    response: str,
-    correct: bool,
-    rationale: str = "",
-    template: str = POINTWISE_JUDGE_TEMPLATE,
-    system: str = JUDGE_SYSTEM_PROMPT,
-) -> JudgmentRecord:
-    """A judge training record in the pool's judge format: target ``[rationale ]<answer>yes|no</answer>``."""
-    verdict = "yes" if correct else "no"
-    return JudgmentRecord(
-        id=f"{record.id}/{response}",
-        prompt=judgment_prompt(record.prompt, response, template),
-        images=record.images,
-        target=(f"{rationale} " if rationale else "") + f"<answer>{verdict}</answer>",
-        task=record.task,
-        system=system,
-        metadata={**record.metadata, "candidate": response, "verdict": verdict},
-    )
-
-
-def make_synthetic_judgments(
-    task: str, n: int, seed: int = 0, paired: bool = False, **options: Any
-) -> list[JudgmentRecord]:
-    """Judge records in the pool's judge format from ``data_pipelines.synthetic`` prompts of ``task``.
-
-    ``paired``: ``n // 2`` prompts, each giving its right candidate (verdict yes) then a wrong one (no),
-    side by side (train with ``data.group_size: 2``). Otherwise ``n`` prompts with the right and a wrong
-    candidate alternating. Wrong candidates are drawn from the task's answer vocabulary.
-    """
-
-    rng = random.Random(f"vlrft-judge/{task}/{seed}")
-    out: list[JudgmentRecord] = []
-    for i, rec in enumerate(make_prompt_records(task, n // 2 if paired else n, seed, **options)):
-        wrong = rng.choice([v for v in rec.metadata["vocabulary"] if v != rec.answer])
-        if paired:
-            out += [pointwise_judgment_record(rec, rec.answer, True), pointwise_judgment_record(rec, wrong, False)]
-        else:
-            out.append(pointwise_judgment_record(rec, rec.answer if i % 2 == 0 else wrong, i % 2 == 0))
-    return out
-
-
 class GenerativeRewardModel:
     """A judge (causal LM + processor) that scores responses by generating and parsing judgments."""
 
@@ -173,7 +116,7 @@ class GenerativeRewardModel:
     def from_pretrained(
         cls, path: str | Path, dtype: torch.dtype | None = None, **kwargs: Any
     ) -> GenerativeRewardModel:
-        model, processor = load_judge(path, dtype)
+        model, processor = load_model(path, dtype or torch.float32)
         return cls(model, processor, **kwargs)
 
     @torch.no_grad()
@@ -190,15 +133,6 @@ class GenerativeRewardModel:
         judge_items = [(judgment_prompt(p, r, self.template), ims, self.system) for p, ims, r, _ in items]
         texts = self.judge(judge_items, micro_batch_size)
         return torch.tensor([self.parser.reward(t) for t in texts], dtype=torch.float32), texts
-
-
-def load_judge(path: str | Path, dtype: torch.dtype | None = None) -> tuple[Any, Any]:
-    """A judge checkpoint: ``AutoModelForImageTextToText`` (VL) or ``AutoModelForCausalLM`` (text), + processor."""
-
-    is_vl = hasattr(AutoConfig.from_pretrained(str(path)), "vision_config")
-    auto = AutoModelForImageTextToText if is_vl else AutoModelForCausalLM
-    model = auto.from_pretrained(str(path), dtype=dtype or torch.float32)
-    return model, load_processor(path)
 
 
 @torch.no_grad()

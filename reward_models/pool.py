@@ -28,12 +28,14 @@ from typing import Optional
 
 import torch
 
+from data_pipelines.formatting import JUDGE_SYSTEM_PROMPT, POINTWISE_JUDGE_TEMPLATE
 from data_pipelines.records import PromptRecord
-from reward_models.encoding import load_processor
-from reward_models.generative import JUDGE_SYSTEM_PROMPT, POINTWISE_JUDGE_TEMPLATE, GenerativeRewardModel
+from reward_models.generative import GenerativeRewardModel
 from reward_models.scalar import ScalarRewardModel, score_responses
 from reward_models.verifiers import get_verifier
+from vlrft.algorithms.shaping import combine_rewards
 from vlrft.config import option
+from vlrft.models.loading import load_processor
 
 KINDS = ("verifier", "srm", "grm")
 
@@ -100,10 +102,17 @@ class RewardSourceError(RuntimeError):
 
 
 def combine(per_source: dict[str, torch.Tensor], weights: list[dict[str, float]]) -> torch.Tensor:
-    """``combined_i = sum_s weights[i][s] * per_source[s][i]`` over the sources in ``weights[i]``."""
+    """``combined_i = sum_s weights[i][s] * per_source[s][i]`` over the sources in ``weights[i]`` (a sample's
+    recipe): the samples of each recipe are summed by :func:`~vlrft.algorithms.shaping.combine_rewards`;
+    a recipe without sources gives 0."""
     out = torch.zeros(len(weights), dtype=torch.float32)
+    recipes: dict[tuple[tuple[str, float], ...], list[int]] = {}
     for i, w in enumerate(weights):
-        out[i] = sum(weight * float(per_source[name][i]) for name, weight in w.items())
+        recipes.setdefault(tuple(w.items()), []).append(i)
+    for recipe, rows in recipes.items():
+        if recipe:
+            idx = torch.tensor(rows)
+            out[idx] = combine_rewards({name: per_source[name][idx] for name, _ in recipe}, dict(recipe)).float()
     return out
 
 

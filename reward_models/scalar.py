@@ -24,10 +24,10 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
-from transformers import AutoModel
 
-import vlrft.models  # noqa: F401  (image-only processors)
-from reward_models.encoding import encode_responses, model_inputs
+from data_pipelines.collate import model_inputs
+from reward_models.encoding import encode_responses
+from vlrft.models.loading import load_model
 
 HEAD_CONFIG = "vlrft_reward_head.json"
 HEAD_WEIGHTS = "reward_head.safetensors"
@@ -71,7 +71,7 @@ class ScalarRewardModel(nn.Module):
     ) -> ScalarRewardModel:
         """A new SRM (fresh head) on the backbone of a Qwen(-VL) checkpoint folder."""
 
-        backbone = AutoModel.from_pretrained(str(path), dtype=dtype or torch.float32)
+        backbone, _ = load_model(path, dtype or torch.float32, lm_head=False, processor=False)
         return cls(backbone, pooling=pooling, seed=seed)
 
     @classmethod

@@ -17,21 +17,19 @@ from typing import Any
 
 import torch
 
+from data_pipelines.collate import model_inputs
 from data_pipelines.readers import read_records
-from data_pipelines.synthetic import make_preference_pairs
+from data_pipelines.synthetic import make_judgment_records, make_preference_pairs
 from reward_models.config import RewardModelTrainConfig
-from reward_models.encoding import encode_responses, encode_sft, model_inputs
-from reward_models.generative import (
-    generate_judgments,
-    load_judge,
-    make_synthetic_judgments,  # in the pool's judge format
-    parse_judgment,
-)
+from reward_models.encoding import encode_responses, encode_sft
+from reward_models.generative import generate_judgments, parse_judgment
 from reward_models.losses import bradley_terry_loss, judge_sft_loss
 from reward_models.scalar import ScalarRewardModel
 from vlrft import checkpoints
 from vlrft.config import save_config
+from vlrft.models.loading import load_model
 from vlrft.models.tiny import make_tiny_model
+from vlrft.sampling import REWARD_ORDER_STRIDE, seeded_permutation
 from vlrft.strategies import make_strategy, rng_state, seed_everything, set_rng_state
 from vlrft.tracking import Tracker
 
@@ -50,10 +48,10 @@ def load_records(cfg: RewardModelTrainConfig) -> tuple[list, list]:
             )
 
         return (
-            make_synthetic_judgments(
+            make_judgment_records(
                 d.synthetic_task, d.synthetic_train_size, d.synthetic_seed, paired=d.group_size == 2, **opts
             ),
-            make_synthetic_judgments(d.synthetic_task, d.synthetic_eval_size, d.synthetic_seed + 1, **opts),
+            make_judgment_records(d.synthetic_task, d.synthetic_eval_size, d.synthetic_seed + 1, **opts),
         )
     train = _read(d.train_source, kind, d.on_bad_record)
     if d.eval_source:
@@ -82,12 +80,14 @@ def batch_indices(
     n_groups = n // group_size
     global_bs = batch_size * world
     start = step * global_bs + rank * batch_size
+    orders: dict[int, list[int]] = {}
     out = []
     for pos in range(start, start + batch_size):
         epoch, i = divmod(pos, n_groups * group_size)
-        perm = torch.randperm(n_groups, generator=torch.Generator().manual_seed(seed * 100_003 + epoch))
+        if epoch not in orders:
+            orders[epoch] = seeded_permutation(n_groups, seed, epoch, stride=REWARD_ORDER_STRIDE)
         group, offset = divmod(i, group_size)
-        out.append(int(perm[group]) * group_size + offset)
+        out.append(orders[epoch][group] * group_size + offset)
     return out
 
 
@@ -198,14 +198,13 @@ def evaluate(model: Any, processor: Any, records: list, cfg: RewardModelTrainCon
 def build_model(cfg: RewardModelTrainConfig) -> tuple[torch.nn.Module, Any]:
     """The model to train and its processor (tokenizer for text-only checkpoints)."""
 
-    dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
     if not cfg.model.path:
         raise ValueError("model.path is empty (train_reward_model fills it with a tiny model first)")
-    judge, processor = load_judge(cfg.model.path, dtype)
-    if cfg.model.kind == "grm":
-        return judge, processor
-    del judge
-    return ScalarRewardModel.from_backbone(cfg.model.path, cfg.model.pooling, dtype, seed=cfg.strategy.seed), processor
+    grm = cfg.model.kind == "grm"
+    model, processor = load_model(cfg.model.path, cfg.model.dtype, lm_head=grm)  # an SRM takes the base model
+    if grm:
+        return model, processor
+    return ScalarRewardModel(model, cfg.model.pooling, seed=cfg.strategy.seed), processor
 
 
 def train_reward_model(cfg: RewardModelTrainConfig, records: tuple[list, list] | None = None) -> dict:

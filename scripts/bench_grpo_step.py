@@ -30,10 +30,10 @@ def vlrft_trainer(model_dir: Path, out: Path, a: argparse.Namespace):
     from data_pipelines.synthetic import make_prompt_records
     from reward_models.pool import RewardPool
     from vlrft.config import load_config
+    from vlrft.models.loading import load_model
     from vlrft.strategies import make_strategy
     from vlrft.trainer.config import PolicyTrainConfig
     from vlrft.trainer.policy_trainer import PolicyTrainer
-    from vlrft.trainer.run import load_policy
 
     cfg = load_config(
         PolicyTrainConfig,
@@ -54,7 +54,7 @@ def vlrft_trainer(model_dir: Path, out: Path, a: argparse.Namespace):
         ],
     )
     strategy = make_strategy(cfg.strategy, cfg.optim)
-    model, proc = load_policy(str(model_dir))
+    model, proc = load_model(str(model_dir))
     pool = RewardPool(cfg.reward)
     records = make_prompt_records("color", 512, seed=0)
     trainer = PolicyTrainer(cfg, strategy, model, proc, records, pool, accuracy=("accuracy", "vocab_answer"))

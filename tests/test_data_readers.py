@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
+from data_pipelines.collate import encode_prompt
 from data_pipelines.errors import DataError
 from data_pipelines.readers import SkipReport, filter_by_prompt_length, prompt_length, read_records, record_from_row
 from data_pipelines.records import JudgmentRecord, PreferencePair, PromptRecord
@@ -288,6 +289,35 @@ def test_filter_by_prompt_length_counts_image_tokens(tiny_model, tmp_path):
     assert filter_by_prompt_length([text], processor.tokenizer, n_text) == [text]
     with pytest.raises(ValueError, match="need the model's processor"):
         filter_by_prompt_length([small], processor.tokenizer, 100)
+
+
+def test_prompt_length_is_the_encoded_prompts_length(tiny_model):
+    """prompt_length counts what encode_prompt feeds the model: a text-only Qwen chat template (string
+    contents, as Qwen2.5-Instruct's) and a Qwen-VL processor with an image."""
+    from transformers import AutoProcessor, AutoTokenizer
+
+    import vlrft.models  # noqa: F401 - registers the image-only processors
+
+    tok = AutoTokenizer.from_pretrained(tiny_model("qwen2"))
+    tok.chat_template = (
+        "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{% endfor %}"
+        "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+    )
+    text = PromptRecord(id="t", prompt="What is 2+2?", system="Be brief.")
+    n = prompt_length(text, tok, prompt_template="answer_tag")
+    assert n == encode_prompt(tok, text, prompt_template="answer_tag").input_ids.numel()
+    assert n == len(
+        tok(
+            "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nWhat is 2+2? Put your final "
+            "answer within <answer> </answer> tags.<|im_end|>\n<|im_start|>assistant\n"
+        )["input_ids"]
+    )
+    processor = AutoProcessor.from_pretrained(tiny_model("qwen2_5_vl"))
+    image = PromptRecord(id="i", prompt="Colour of <image>?", images=[png(RED, (112, 84))])
+    encoded = encode_prompt(processor, image, system_prompt="You judge colours.")
+    assert encoded.num_images == 1
+    assert prompt_length(image, processor, system_prompt="You judge colours.") == encoded.input_ids.numel()
+    assert prompt_length(text, processor) == encode_prompt(processor, text).input_ids.numel()
 
 
 def test_jsonl_with_bom_and_crlf_line_ends(tmp_path):

@@ -8,6 +8,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
+from data_pipelines.formatting import JUDGE_SYSTEM_PROMPT, judgment_prompt
 from data_pipelines.readers import read_records
 from data_pipelines.synthetic import (
     COLORS,
@@ -17,6 +18,7 @@ from data_pipelines.synthetic import (
     make_prompt_records,
     write_prompt_records,
 )
+from reward_models.generative import parse_judgment
 
 TASK_OPTIONS = [
     ("color", {}),
@@ -151,19 +153,43 @@ def test_preference_pairs_prefer_the_right_answer(task):
         assert pair.images[0].tobytes() == rec.images[0].tobytes()
 
 
+# a judge layout of one's own (the pool's judge_template / judge_system_prompt would match it)
+INLINE_JUDGE = (
+    "<image>Question: {prompt}\nCandidate answer: {response}\n"
+    "Is the candidate answer correct? Answer with <answer>yes</answer> or <answer>no</answer>."
+)
+
+
 def test_judgment_records_pointwise_and_pairwise():
-    point = make_judgment_records("color", 10, seed=0)
+    point = make_judgment_records("color", 10, seed=0, judge_template=INLINE_JUDGE, judge_system_prompt="")
     assert Counter(j.target for j in point) == {"<answer>yes</answer>": 5, "<answer>no</answer>": 5}
     for j in point:
         right = j.metadata["candidate"] == j.metadata["ground_truth"]
         assert j.target == ("<answer>yes</answer>" if right else "<answer>no</answer>")
         assert j.prompt.startswith("<image>Question: What colour is this image?") and len(j.images) == 1
         assert f"Candidate answer: {j.metadata['candidate']}\n" in j.prompt
-    pair = make_judgment_records("count_shapes", 10, seed=0, mode="pairwise")
+    pair = make_judgment_records("count_shapes", 10, seed=0, judge_mode="pairwise")
     assert Counter(j.target for j in pair) == {"<answer>A</answer>": 5, "<answer>B</answer>": 5}
     for j in pair:
         right = "A" if j.metadata["answer_a"] == j.metadata["ground_truth"] else "B"
         assert j.target == f"<answer>{right}</answer>" and f"Answer A: {j.metadata['answer_a']}\n" in j.prompt
+
+
+def test_pointwise_judgments_are_in_the_pools_judge_format():
+    """By default the pool's judge prompt (system turn + question and candidate), as the pool asks the judge;
+    paired: each prompt's right then wrong candidate; task options (the colour task's own mode) pass through."""
+    prompts = make_prompt_records("color", 4, seed=3, mode="object")
+    paired = make_judgment_records("color", 8, seed=3, paired=True, mode="object")
+    assert [j.metadata["verdict"] for j in paired] == ["yes", "no"] * 4
+    for k, j in enumerate(paired):
+        rec = prompts[k // 2]
+        assert j.system == JUDGE_SYSTEM_PROMPT and j.prompt == judgment_prompt(rec.prompt, j.metadata["candidate"])
+        assert (j.metadata["candidate"] == rec.answer) == (k % 2 == 0) and j.images[0].tobytes() == rec.images[
+            0
+        ].tobytes()
+    alternating = make_judgment_records("color", 4, seed=3, mode="object")
+    assert [j.target for j in alternating] == ["<answer>yes</answer>", "<answer>no</answer>"] * 2
+    assert [parse_judgment(j.target) for j in alternating] == [1.0, 0.0, 1.0, 0.0]
 
 
 def test_written_records_read_back_pixel_for_pixel(tmp_path):

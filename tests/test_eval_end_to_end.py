@@ -16,8 +16,9 @@ import torch
 
 from data_pipelines.records import PromptRecord
 from eval.benchmarks import get_benchmark
-from eval.runner import evaluate, load_policy
+from eval.runner import evaluate
 from vlrft.cli import main as vlrft_main
+from vlrft.models.loading import load_model
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -46,7 +47,7 @@ def _audit(path: Path) -> _Audit:
 
 
 def test_geo3k_end_to_end_with_a_tiny_qwen2_5_vl_writes_all_outputs(tiny_model, shared_data, tmp_path):
-    model, processor = load_policy(tiny_model("qwen2_5_vl"))
+    model, processor = load_model(tiny_model("qwen2_5_vl"))
     records = get_benchmark("geo3k").load(shared_data / "geo3k_examples", split="train")
     metrics = evaluate(model, processor, records, "geo3k", max_new_tokens=12, batch_size=4, out_dir=tmp_path)
     assert metrics["num_problems"] == 10 and 0.0 <= metrics["accuracy"] <= 1.0
@@ -111,7 +112,7 @@ def test_killed_eval_resumes_to_the_same_metrics_as_an_uninterrupted_run(tiny_mo
     print(f"killed after {lines_at_kill} of 64 problems")
     assert 3 <= lines_at_kill < 64 and not (killed / "metrics.json").exists()
 
-    model, tokenizer = load_policy(model_dir)
+    model, tokenizer = load_model(model_dir)
     records = get_benchmark("gsm8k").load(data)
     common = dict(
         max_new_tokens=48,
@@ -131,7 +132,7 @@ def test_killed_eval_resumes_to_the_same_metrics_as_an_uninterrupted_run(tiny_mo
 
 
 def test_in_training_evaluate_is_seeded_and_leaves_the_trainer_state_alone(tiny_model, shared_data):
-    model, tokenizer = load_policy(tiny_model("qwen2"))
+    model, tokenizer = load_model(tiny_model("qwen2"))
     model.train()
     records = get_benchmark("gsm8k").load(shared_data / "gsm8k" / "test.jsonl")[:3]
     torch.manual_seed(123)
@@ -189,15 +190,15 @@ def test_cli_user_benchmark_and_compare(tiny_model, tmp_path, capsys):
     assert vlrft_main(["eval", "--benchmark", "gsm8k", "--model", model]) == 2  # missing --data/--out: config error
 
 
-def test_load_policy_reads_a_checkpoint_hf_export_and_refuses_missing_models(tiny_model, tmp_path):
+def test_load_model_reads_a_checkpoint_hf_export_and_refuses_missing_models(tiny_model, tmp_path):
     (tmp_path / "ckpt").mkdir()
     os.symlink(tiny_model("qwen2"), tmp_path / "ckpt" / "hf")
-    model, tok = load_policy(tmp_path / "ckpt")
+    model, tok = load_model(tmp_path / "ckpt")
     assert model.config.model_type == "qwen2" and hasattr(tok, "apply_chat_template")
     with pytest.raises(FileNotFoundError, match="hub ids need the network"):
-        load_policy("someone/not-here")
+        load_model("someone/not-here")
     with pytest.raises(FileNotFoundError, match="no config.json"):
-        load_policy(tmp_path)
+        load_model(tmp_path)
 
 
 def test_prompt_records_with_relative_images(tiny_model, shared_data, tmp_path):
@@ -209,7 +210,7 @@ def test_prompt_records_with_relative_images(tiny_model, shared_data, tmp_path):
     )
     records = get_benchmark("mine", verifier="math_boxed").load(tmp_path / "recs.jsonl")
     assert records[0].images == [str(tmp_path / "d.png")]
-    model, processor = load_policy(tiny_model("qwen2_5_vl"))
+    model, processor = load_model(tiny_model("qwen2_5_vl"))
     out = evaluate(model, processor, records, get_benchmark("mine", verifier="math_boxed"), max_new_tokens=4)
     assert out["num_problems"] == 1 and isinstance(records[0], PromptRecord)
 
@@ -218,7 +219,7 @@ def test_prompt_records_with_relative_images(tiny_model, shared_data, tmp_path):
 def test_evaluate_through_the_trainers_rollout_engine(arch, tiny_model, shared_data, tmp_path):
     from vlrft.rollout import make_engine
 
-    model, processor = load_policy(tiny_model(arch))
+    model, processor = load_model(tiny_model(arch))
     name, data, split = (
         ("gsm8k", shared_data / "gsm8k" / "test.jsonl", "test")
         if arch == "qwen2"

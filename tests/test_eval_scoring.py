@@ -86,7 +86,7 @@ def test_geo3k_multiple_choice_mode(shared_data):
     assert metrics["accuracy"] == 1.0
     wrong = [[f"\\boxed{{{'ABCD'[('ABCD'.index(r.answer) + 1) % 4]}}}"] for r in records]
     assert score_records(records, wrong, "geo3k_mc")[0]["accuracy"] == 0.0
-    texts = [[f"\\boxed{{{r.metadata['answer_text']}}}"] for r in records]  # the choice's text also names it
+    texts = [[f"\\boxed{{{r.metadata['free_form_answer']}}}"] for r in records]  # the choice's text also names it
     assert score_records(records, texts, "geo3k_mc")[0]["accuracy"] == 1.0
 
 

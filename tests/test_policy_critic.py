@@ -10,12 +10,12 @@ from data_pipelines.synthetic import make_prompt_records
 from reward_models.pool import RewardPool
 from reward_models.scalar import ScalarRewardModel
 from vlrft.config import load_config
+from vlrft.models.loading import load_model
 from vlrft.rollout import Rollout
 from vlrft.strategies import make_strategy
 from vlrft.trainer.config import PolicyTrainConfig
 from vlrft.trainer.experience import group_rollouts
 from vlrft.trainer.policy_trainer import PolicyTrainer
-from vlrft.trainer.run import load_policy
 
 
 def test_critic_fits_returns_and_gae_uses_its_values(tiny_model, tmp_path):
@@ -36,7 +36,7 @@ def test_critic_fits_returns_and_gae_uses_its_values(tiny_model, tmp_path):
         ],
     )
     strategy = make_strategy(cfg.strategy, cfg.optim)
-    model, proc = load_policy(str(path))
+    model, proc = load_model(str(path))
     critic = (ScalarRewardModel.from_backbone(path), make_strategy(cfg.strategy, cfg.optim.__class__(lr=cfg.critic.lr)))
     records = make_prompt_records("color", 4, seed=3)
     trainer = PolicyTrainer(

@@ -7,10 +7,12 @@ import json
 import pytest
 import torch
 
+from data_pipelines.formatting import pointwise_judgment_record
 from data_pipelines.synthetic import make_prompt_records
-from reward_models.encoding import encode_responses, encode_sft, load_processor, tokenizer_of
-from reward_models.generative import GenerativeRewardModel, pointwise_judgment_record
+from reward_models.encoding import encode_responses, encode_sft, tokenizer_of
+from reward_models.generative import GenerativeRewardModel
 from reward_models.scalar import HEAD_CONFIG, ScalarRewardModel, score_responses
+from vlrft.models.loading import load_processor
 
 
 def _items(n=3):

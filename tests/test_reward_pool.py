@@ -7,14 +7,14 @@ import math
 import pytest
 import torch
 
+from data_pipelines.formatting import pointwise_judgment_record
 from data_pipelines.records import PromptRecord
 from data_pipelines.synthetic import make_prompt_records
 from reward_models.config import RewardModelTrainConfig
-from reward_models.encoding import load_processor
-from reward_models.generative import pointwise_judgment_record
 from reward_models.pool import PoolOutput, RewardPool, RewardPoolConfig, RewardSourceError, combine
 from reward_models.scalar import ScalarRewardModel, score_responses
 from vlrft.config import ConfigError, load_config
+from vlrft.models.loading import load_processor
 
 
 @pytest.fixture(scope="module")

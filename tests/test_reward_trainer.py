@@ -108,8 +108,8 @@ def test_srm_learns_colour_preferences_and_eval_command_agrees(tiny_model, tmp_p
 
 def test_grm_learns_colour_judgments_and_eval_command_agrees(tiny_model, tmp_path, capsys):
     """Learning proof: a tiny Qwen2.5-VL judge from scratch, >= 80% held-out judgment accuracy."""
+    from data_pipelines.synthetic import make_judgment_records
     from data_pipelines.writers import write_records
-    from reward_models.generative import make_synthetic_judgments
 
     run = tmp_path / "grm"
     t0 = time.time()
@@ -134,7 +134,7 @@ def test_grm_learns_colour_judgments_and_eval_command_agrees(tiny_model, tmp_pat
     assert rows[0]["eval/judgment_accuracy"] <= 0.6  # an untrained judge does not even write the format
     assert final["step"] == 400 and final["eval/judgment_accuracy"] >= 0.8 and final["eval/n"] == 64
     # the exported judge, on the same held-out records read back from a JSONL file
-    held_out = make_synthetic_judgments("color", 64, seed=1, num_colors=2)
+    held_out = make_judgment_records("color", 64, seed=1, num_colors=2)
     data = write_records(held_out, tmp_path / "held_out.jsonl")
     capsys.readouterr()
     assert main(["eval-reward-model", str(run / "model"), str(data), "--out", str(tmp_path / "eval.json")]) == 0
@@ -189,7 +189,7 @@ def test_torchrun_two_ranks_match_one_process(tiny_model, tmp_path, strategy):
 @pytest.mark.parametrize("strategy, stage", [("fsdp2", 2), ("deepspeed", 3)])
 def test_torchrun_grm_trains_and_judges(tiny_model, tmp_path, strategy, stage):
     """A judge under FSDP2 / ZeRO-3 (parameters sharded): SFT steps, held-out judgments, export."""
-    from reward_models.generative import load_judge
+    from vlrft.models.loading import load_model
 
     out = tmp_path / strategy
     args = _dist_args(tiny_model("qwen2_5_vl"), out, strategy, steps=2) + [
@@ -204,7 +204,7 @@ def test_torchrun_grm_trains_and_judges(tiny_model, tmp_path, strategy, stage):
     assert final["eval/n"] == 5 and final["eval/unparsable"] == 5  # 2 steps at lr 1e-3: no verdicts yet
     rows = [r for r in _metrics(out) if "train/loss" in r]
     assert [r["step"] for r in rows] == [1, 2] and rows[1]["train/loss"] < rows[0]["train/loss"]
-    model, _ = load_judge(out / "model")
+    model, _ = load_model(out / "model")
     assert type(model).__name__ == "Qwen2_5_VLForConditionalGeneration"
 
 

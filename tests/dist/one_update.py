@@ -15,12 +15,12 @@ from data_pipelines.collate import encode_prompt
 from data_pipelines.synthetic import make_prompt_records
 from reward_models.pool import RewardPool
 from vlrft.config import load_config
+from vlrft.models.loading import load_model
 from vlrft.rollout import Rollout
 from vlrft.strategies import make_strategy
 from vlrft.trainer.config import PolicyTrainConfig
 from vlrft.trainer.experience import group_rollouts
 from vlrft.trainer.policy_trainer import PolicyTrainer
-from vlrft.trainer.run import load_policy
 
 
 def main() -> None:
@@ -33,7 +33,7 @@ def main() -> None:
     ])
     strategy = make_strategy(cfg.strategy, cfg.optim)
     torch.manual_seed(0)
-    model, proc = load_policy(model_dir)
+    model, proc = load_model(model_dir)
     records = make_prompt_records("color", 4, seed=5)
     pool = RewardPool(cfg.reward)
     trainer = PolicyTrainer(cfg, strategy, model, proc, records, pool, accuracy=("accuracy", "vocab_answer"))

@@ -104,7 +104,8 @@ class RunningRewardNormalizer:
 
 def combine_rewards(sources: dict[str, Tensor], weights: dict[str, float]) -> Tensor:
     """``sum_k weights[k] * sources[k]``: the weighted sum of several reward sources (rule verifiers,
-    reward models), each ``[N]``. Every source needs a weight and every weight a source; a NaN/inf score
+    reward models), each ``[N]``, added in float64 in the order of ``sources`` and returned as float32
+    (float64 if any source is). Every source needs a weight and every weight a source; a NaN/inf score
     is an error naming the source and the sample (a scorer that failed must say so, not score 0)."""
     if not sources:
         raise ValueError("combine_rewards: no reward sources given")
@@ -113,6 +114,7 @@ def combine_rewards(sources: dict[str, Tensor], weights: dict[str, float]) -> Te
         raise ValueError(f"combine_rewards: sources without a weight: {missing}; weights without a source: {unused}")
     shape = None
     total = None
+    dtype = torch.float32
     for name, scores in sources.items():
         if shape is None:
             shape = scores.shape
@@ -121,6 +123,8 @@ def combine_rewards(sources: dict[str, Tensor], weights: dict[str, float]) -> Te
         bad = (~torch.isfinite(scores)).nonzero()
         if bad.numel():
             raise ValueError(f"combine_rewards: source {name!r} gave a non-finite score for sample {bad[0].tolist()}")
-        term = float(weights[name]) * scores.to(torch.float64 if scores.dtype == torch.float64 else torch.float32)
+        if scores.dtype == torch.float64:
+            dtype = torch.float64
+        term = float(weights[name]) * scores.to(torch.float64)
         total = term if total is None else total + term
-    return total
+    return total.to(dtype)

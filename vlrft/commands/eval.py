@@ -16,7 +16,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--benchmark", help="gsm8k, gsm8k_flexible, geo3k, geo3k_mc, or a name of your own with --verifier")
     p.add_argument(
-        "--model", help="HF model folder, train-policy checkpoint folder (uses its hf/ export) or hub id (online only)"
+        "--model",
+        help="HF model folder, train-policy checkpoint folder (uses its hf/ export) or hub id (online, or cached)",
     )
     p.add_argument(
         "--data", help="benchmark data: GSM8K jsonl/parquet, Geometry3K InterGPS folder or parquet, or prompt records"
@@ -76,7 +77,8 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from eval.benchmarks import get_benchmark
-    from eval.runner import evaluate, load_policy
+    from eval.runner import evaluate
+    from vlrft.models.loading import load_model, resolve_model_path
 
     try:
         bench = get_benchmark(args.benchmark, verifier=args.verifier, prompt_template=args.prompt_template)
@@ -84,7 +86,11 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(str(exc)) from exc
     records = bench.load(args.data, split=args.split, limit=args.limit)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    model, processor = load_policy(args.model, device=device, dtype=args.dtype)
+    try:  # a model folder, a train-policy checkpoint folder (its hf/ export) or a hub id
+        path = resolve_model_path(args.model)
+    except FileNotFoundError as exc:
+        raise FileNotFoundError(f"--model {exc}") from None
+    model, processor = load_model(path, args.dtype, device)
     image_kwargs = {"max_pixels": args.max_pixels, "min_pixels": None} if args.max_pixels else None
     metrics = evaluate(
         model,

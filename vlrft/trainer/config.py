@@ -29,7 +29,7 @@ DEFAULT_REWARD = RewardPoolConfig(
 class PolicyModelConfig:
     """The policy to train."""
 
-    path: str = option("", "HF model folder or hub id (hub only when online); empty: build a tiny model")
+    path: str = option("", "HF model folder or hub id (online, or cached); empty: build a tiny model")
     tiny_arch: str = option("qwen2_5_vl", "architecture of the tiny model built when path is empty", choices=ARCHS)
     tiny_hidden: int = option(64, "hidden size of that tiny model")
     tiny_layers: int = option(2, "decoder layers of that tiny model")

@@ -37,6 +37,7 @@ from vlrft.algorithms import (
     value_loss,
 )
 from vlrft.rollout import SamplingParams, make_engine
+from vlrft.sampling import seeded_permutation
 from vlrft.strategies import Strategy, rng_state, set_rng_state
 from vlrft.tracking import append_jsonl, truncate_jsonl
 from vlrft.trainer.config import PolicyTrainConfig
@@ -126,8 +127,7 @@ class PolicyTrainer:
         return per_epoch * self.cfg.train.max_epochs
 
     def _order(self, episode: int) -> list[int]:
-        g = torch.Generator().manual_seed(self.cfg.train.seed * 1_000_003 + episode)
-        return torch.randperm(len(self.train_records), generator=g).tolist()
+        return seeded_permutation(len(self.train_records), self.cfg.train.seed, episode)
 
     def _next_prompts(self, count: int) -> list[PromptRecord]:
         """The next ``count`` prompts of the global stream; returns this rank's share."""

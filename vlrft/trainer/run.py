@@ -7,9 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
 
-import vlrft.models  # noqa: F401  (image-only processors for machines without torchvision)
 from data_pipelines.images import image_bounds
 from data_pipelines.readers import filter_by_prompt_length, read_records
 from data_pipelines.records import PromptRecord
@@ -17,6 +15,7 @@ from data_pipelines.synthetic import make_prompt_records
 from reward_models.pool import RewardPool
 from reward_models.scalar import HEAD_CONFIG, ScalarRewardModel
 from vlrft.config import ConfigError, save_config
+from vlrft.models.loading import load_model
 from vlrft.models.tiny import make_tiny_model
 from vlrft.strategies import make_strategy, seed_everything
 from vlrft.tracking import Tracker
@@ -39,20 +38,6 @@ CONSOLE_KEYS = (
     "eval/accuracy",
     "eval/pass@",
 )
-
-
-def load_policy(path: str, dtype: str = "float32") -> tuple[torch.nn.Module, Any]:
-    """A Qwen-VL (``AutoModelForImageTextToText`` + processor) or text Qwen (causal LM + tokenizer)."""
-
-    torch_dtype = torch.bfloat16 if dtype == "bfloat16" else torch.float32
-    config = AutoConfig.from_pretrained(path)
-    if hasattr(config, "vision_config"):
-        model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch_dtype)
-        processor = AutoProcessor.from_pretrained(path)
-    else:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
-        processor = AutoTokenizer.from_pretrained(path)
-    return model, processor
 
 
 def build_critic(cfg: PolicyTrainConfig, policy_path: str):
@@ -108,10 +93,10 @@ def train_policy(cfg: PolicyTrainConfig) -> dict[str, Any]:
                 seed=cfg.strategy.seed,
             )
         strategy.barrier()
-    model, processor = load_policy(path, cfg.model.dtype)
+    model, processor = load_model(path, cfg.model.dtype)
     ref_model = None
     if cfg.algorithm.kl_coef > 0:
-        ref_model, _ = strategy.prepare(load_policy(path, cfg.model.dtype)[0], trainable=False)[:2]
+        ref_model, _ = strategy.prepare(load_model(path, cfg.model.dtype)[0], trainable=False)[:2]
 
     def prompts(source: str, size: int, seed: int) -> list[PromptRecord]:
         records = load_prompt_records(source, cfg, size, seed, processor)

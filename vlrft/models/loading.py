@@ -1,0 +1,108 @@
+"""The one loader of model folders: policies, judges, reward-model backbones and critics, with their processors.
+
+``load_model(path)`` returns ``(model, processor)``: a checkpoint whose config has a ``vision_config``
+gives ``AutoModelForImageTextToText`` + ``AutoProcessor``, any other ``AutoModelForCausalLM`` +
+``AutoTokenizer``. With ``lm_head=False`` the model is the base model that ``AutoModel`` builds (the
+scalar reward model's backbone); with ``processor=False`` no processor is read (``None`` comes back).
+
+``path`` is an HF model folder, a ``train-policy`` checkpoint folder (its ``hf/`` export is read) or a
+hub id, which is looked up only when online or already in the local cache. Importing this module
+imports ``vlrft.models``, which registers the image-only Qwen-VL processors, so tiny model folders load
+on machines without torchvision.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from huggingface_hub import try_to_load_from_cache
+from transformers import (
+    AutoConfig,
+    AutoModel,
+    AutoModelForCausalLM,
+    AutoModelForImageTextToText,
+    AutoProcessor,
+    AutoTokenizer,
+)
+
+
+def _offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
+
+
+def _cached(repo_id: str) -> bool:
+    try:
+        return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
+    except ValueError:  # not a valid hub id (e.g. a missing absolute path)
+        return False
+
+
+def resolve_model_path(path: str | Path) -> str:
+    """The folder (or hub id) to load ``path`` from: a folder with ``config.json``, else its ``hf/``
+    subfolder; a name that is no folder is a hub id, refused offline unless it is cached."""
+
+    folder = Path(path).expanduser()
+    if folder.exists():
+        if (folder / "hf" / "config.json").is_file():
+            folder = folder / "hf"
+        if not (folder / "config.json").is_file():
+            raise FileNotFoundError(
+                f"{path}: no config.json there (nor in its hf/ subfolder); want an HF "
+                "model folder or a train-policy checkpoint folder"
+            )
+        return str(folder)
+    if _offline() and not _cached(str(path)):
+        raise FileNotFoundError(f"{path}: no such folder, and hub ids need the network (HF_HUB_OFFLINE is set)")
+    return str(path)
+
+
+def torch_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
+    """``"float32"``, ``"bfloat16"`` (any torch dtype name) or a torch dtype; ``None`` stays ``None``
+    (the checkpoint's own dtype, as transformers decides)."""
+
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype
+    value = getattr(torch, str(dtype), None)
+    if not isinstance(value, torch.dtype):
+        raise ValueError(f"unknown dtype {dtype!r}; want e.g. 'float32' or 'bfloat16'")
+    return value
+
+
+def _config(path: str | Path, trust_remote_code: bool) -> tuple[str, bool]:
+    name = resolve_model_path(path)
+    config = AutoConfig.from_pretrained(name, trust_remote_code=trust_remote_code)
+    return name, getattr(config, "vision_config", None) is not None
+
+
+def _processor(name: str, vision_language: bool, trust_remote_code: bool) -> Any:
+    auto = AutoProcessor if vision_language else AutoTokenizer
+    return auto.from_pretrained(name, trust_remote_code=trust_remote_code)
+
+
+def load_processor(path: str | Path, *, trust_remote_code: bool = False) -> Any:
+    """The processor of a Qwen-VL folder, or the tokenizer of a text-only one (no weights read)."""
+
+    name, vl = _config(path, trust_remote_code)
+    return _processor(name, vl, trust_remote_code)
+
+
+def load_model(
+    path: str | Path,
+    dtype: str | torch.dtype | None = "float32",
+    device: str | torch.device | None = None,
+    *,
+    trust_remote_code: bool = False,
+    lm_head: bool = True,
+    processor: bool = True,
+) -> tuple[torch.nn.Module, Any]:
+    """``(model, processor)`` of a model folder (see the module doc); the model on ``device`` if given."""
+
+    name, vl = _config(path, trust_remote_code)
+    auto = AutoModel if not lm_head else AutoModelForImageTextToText if vl else AutoModelForCausalLM
+    model = auto.from_pretrained(name, dtype=torch_dtype(dtype), trust_remote_code=trust_remote_code)
+    if device is not None:
+        model = model.to(device)
+    return model, _processor(name, vl, trust_remote_code) if processor else None
