@@ -19,6 +19,7 @@ from data_pipelines.readers import read_records
 from reward_models.generative import generate_judgments, parse_judgment
 from reward_models.scalar import HEAD_CONFIG, ScalarRewardModel, score_responses
 from vlrft.models.loading import load_model, load_processor
+from vlrft.rollout import make_engine
 
 
 def load_eval_records(
@@ -80,9 +81,8 @@ def evaluate_reward_model(
 
     records = load_eval_records(data, "judgment", on_bad_record, synthetic_options, judge_mode)
     model, processor = load_model(model_dir, device=dev)
-    texts = generate_judgments(
-        model, processor, [(r.prompt, r.images, r.system) for r in records], max_new_tokens, batch_size
-    )
+    engine = make_engine("hf", model, processor, micro_batch_size=batch_size)
+    texts = generate_judgments(engine, processor, [(r.prompt, r.images, r.system) for r in records], max_new_tokens)
     correct = counted = unparsable = 0
     for rec, text in zip(records, texts):
         want = parse_judgment(rec.target, judge_mode)

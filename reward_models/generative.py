@@ -123,8 +123,9 @@ class GenerativeRewardModel:
     def judge(
         self, items: list[tuple[str, list[Any], str | None]], micro_batch_size: int = 8, synced_gpus: bool = False
     ) -> list[str]:
-        """Greedy judgments for ``(user_text, images, system)`` items (on the model's device)."""
-        return generate_judgments(self.model, self.processor, items, self.max_new_tokens, micro_batch_size, synced_gpus)
+        """Greedy judgments for ``(user_text, images, system)`` items (an ``hf`` engine on the model's device)."""
+        engine = make_engine("hf", self.model, self.processor, synced=synced_gpus, micro_batch_size=micro_batch_size)
+        return generate_judgments(engine, self.processor, items, self.max_new_tokens)
 
     def score(
         self, items: list[tuple[str, list[Any], str, str | None]], micro_batch_size: int = 8
@@ -137,21 +138,17 @@ class GenerativeRewardModel:
 
 @torch.no_grad()
 def generate_judgments(
-    model: Any,
-    processor: Any,
-    items: list[tuple[str, list[Any], str | None]],
-    max_new_tokens: int = 16,
-    micro_batch_size: int = 8,
-    synced_gpus: bool = False,
+    engine: Any, processor: Any, items: list[tuple[str, list[Any], str | None]], max_new_tokens: int = 16
 ) -> list[str]:
-    """Greedy judgments for ``(user_text, images, system)`` items, through the ``hf`` rollout engine (the
-    policy's generation path: sharded judges generate in lockstep with ``synced_gpus``)."""
+    """Greedy judgments for ``(user_text, images, system)`` items, through a rollout engine
+    (``vlrft.rollout.make_engine``: the policy's generation path, sharded judges in lockstep)."""
 
-    engine = make_engine("hf", model, processor, synced=synced_gpus, micro_batch_size=micro_batch_size)
     prompts = [
         encode_prompt(processor, PromptRecord(id=str(i), prompt=text, images=list(ims), system=system))
         for i, (text, ims, system) in enumerate(items)
     ]
+    sampling = SamplingParams(n=1, temperature=0.0, max_new_tokens=max_new_tokens)
+    return [r.text for r in engine.generate(prompts, sampling)]
     return [
         r.text for r in engine.generate(prompts, SamplingParams(n=1, temperature=0.0, max_new_tokens=max_new_tokens))
     ]

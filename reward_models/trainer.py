@@ -29,6 +29,7 @@ from vlrft import checkpoints
 from vlrft.config import save_config
 from vlrft.models.loading import load_model
 from vlrft.models.tiny import make_tiny_model
+from vlrft.rollout import make_engine
 from vlrft.sampling import REWARD_ORDER_STRIDE, seeded_permutation
 from vlrft.strategies import make_strategy, rng_state, seed_everything, set_rng_state
 from vlrft.tracking import Tracker
@@ -169,14 +170,10 @@ def evaluate(model: Any, processor: Any, records: list, cfg: RewardModelTrainCon
                     correct, counted = correct + int(good), counted + 1
         else:
             items = [(r.prompt, r.images, _system(r, cfg)) for r in recs]
-            texts = generate_judgments(
-                strategy.unwrap(model),
-                processor,
-                items,
-                cfg.judge.max_new_tokens,
-                len(items),
-                synced_gpus=strategy.shards_parameters,
+            engine = make_engine(
+                "hf", strategy.unwrap(model), processor, synced=strategy.shards_parameters, micro_batch_size=len(items)
             )
+            texts = generate_judgments(engine, processor, items, cfg.judge.max_new_tokens)
             for rec, text, is_real in zip(recs, texts, real):
                 want = parse_judgment(rec.target, cfg.judge.mode, cfg.judge.score_max)
                 got = parse_judgment(text, cfg.judge.mode, cfg.judge.score_max)

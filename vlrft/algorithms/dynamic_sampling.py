@@ -2,20 +2,21 @@
 
 Groups whose rewards all agree (all correct or all wrong) have zero advantage under group baselines
 and give no gradient; DAPO drops them and samples more prompts until the batch holds
-``target_num_groups`` groups with ``0 < #correct < G``. The trainer loop::
+``target_num_groups`` groups with ``0 < #correct < G``. The policy trainer
+(``PolicyTrainer.make_experience``) loops::
 
-    kept, tries = [], 0
-    while True:
+    groups, tries, need = [], 0, target_num_groups
+    while need:
         tries += 1
-        batch = sample_and_score(prompts_needed)
-        keep, _ = filter_zero_variance_groups(batch.rewards, batch.group_ids)
-        kept.append(batch[keep])
-        prompts_needed = more_prompts_needed(num_kept_groups(kept), target_num_groups, tries, max_tries)
-        if prompts_needed == 0:
-            break          # then trim ``kept`` to target_num_groups groups
+        drawn = sample_and_score(need)                    # scored groups
+        groups += [g for g in drawn if varied(g)][:target_num_groups - len(groups)]
+        short = max over ranks of (target_num_groups - len(groups))   # ranks draw in step
+        need = more_prompts_needed(target_num_groups - short, target_num_groups, tries, max_tries)
 
-``more_prompts_needed`` raises :class:`DynamicSamplingExhausted` after ``max_tries`` generation rounds
-that did not fill the batch (verl's ``max_num_gen_batches``); ``max_tries <= 0`` means no limit.
+where :func:`filter_zero_variance_groups` defines "varied". ``more_prompts_needed`` raises
+:class:`DynamicSamplingExhausted` after ``max_tries`` generation rounds that did not fill the batch
+(verl's ``max_num_gen_batches``; ``max_tries <= 0`` means no limit): the trainer prints its message and
+trains on the groups kept (on the last round unfiltered if a rank kept none).
 """
 
 from __future__ import annotations

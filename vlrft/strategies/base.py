@@ -171,13 +171,6 @@ class Strategy:
         if self.distributed:
             dist.barrier()
 
-    def broadcast_object(self, obj: Any, src: int = 0) -> Any:
-        if not self.distributed:
-            return obj
-        box = [obj]
-        dist.broadcast_object_list(box, src=src)
-        return box[0]
-
     # --- model preparation shared by all strategies --------------------------------------------
     def _adapt_model(self, model: torch.nn.Module) -> torch.nn.Module:
         """Freezing, LoRA and gradient checkpointing, before any wrapping."""

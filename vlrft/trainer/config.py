@@ -177,5 +177,7 @@ class PolicyTrainConfig:
                 f"algorithm.overlong_buffer_len={self.algorithm.overlong_buffer_len} must lie in "
                 f"0..rollout.max_new_tokens ({r.max_new_tokens})"
             )
+        if self.algorithm.max_sampling_tries < 1:
+            raise ValueError(f"algorithm.max_sampling_tries must be >= 1, got {self.algorithm.max_sampling_tries}")
         if self.algorithm.dual_clip and self.algorithm.dual_clip <= 1:
             raise ValueError(f"algorithm.dual_clip must be > 1 (or 0 for off), got {self.algorithm.dual_clip}")

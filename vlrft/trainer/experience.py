@@ -37,8 +37,8 @@ class ScoredGroup:
     per_source: dict[str, torch.Tensor]  # source name -> [n]
 
     def varied(self) -> bool:
-        """Not all rewards equal: the group carries a learning signal under a group baseline."""
-        return bool(self.rewards.numel()) and bool(self.rewards.max() > self.rewards.min())
+        """Not all rewards equal (DAPO's filter): the group carries a learning signal under a group baseline."""
+        return filter_zero_variance_groups(self.rewards, [0] * len(self.rewards))[1] == 1
 
 
 def group_rollouts(
