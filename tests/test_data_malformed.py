@@ -22,8 +22,7 @@ import pytest
 from PIL import Image
 
 from data_pipelines.errors import DataError
-from data_pipelines.readers import SkipReport, filter_by_prompt_length, read_records
-from data_pipelines.records import PromptRecord
+from data_pipelines.readers import read_records
 
 
 def _png(size=(56, 56), color=(9, 99, 199)) -> bytes:
@@ -450,28 +449,6 @@ def test_unreadable_source_raises_in_both_modes(tmp_path, monkeypatch, filename,
             read_records(source, on_bad_record=mode)
         assert re.search(location, str(info.value)), str(info.value)
         assert info.value.category == category
-
-
-@pytest.mark.timeout(60)
-def test_over_long_prompt_is_counted_not_truncated(tiny_model):
-    from transformers import AutoProcessor
-
-    import vlrft.models  # noqa: F401
-
-    processor = AutoProcessor.from_pretrained(tiny_model("qwen2_5_vl"))
-    image = Image.new("RGB", (112, 112), (1, 2, 3))
-    records = [
-        PromptRecord(id=f"r{i}", prompt="<image>" + "word " * n, images=[image]) for i, n in enumerate((1, 400, 2))
-    ]
-    report = SkipReport(source="mem", read=3, kept=3)
-    kept = filter_by_prompt_length(records, processor, 64, on_bad_record="skip", report=report)
-    assert [r.id for r in kept] == ["r0", "r2"] and report.counts == {"prompt too long": 1}
-    assert kept[0] is records[0] and kept[0].prompt == records[0].prompt  # untouched, not truncated
-    with pytest.raises(
-        DataError,
-        match=r"record 'r1' field 'prompt': prompt has \d+ tokens \(image tokens included\) > max_prompt_length 64",
-    ):
-        filter_by_prompt_length(records, processor, 64)
 
 
 def test_corpus_has_at_least_thirty_malformed_inputs():

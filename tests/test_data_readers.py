@@ -324,3 +324,25 @@ def test_jsonl_with_bom_and_crlf_line_ends(tmp_path):
     (tmp_path / "d.jsonl").write_bytes(b'\xef\xbb\xbf{"prompt": "first"}\r\n\r\n{"prompt": "second"}\r\n')
     records, _ = read_records(tmp_path / "d.jsonl")
     assert [(r.id, r.prompt) for r in records] == [("d-1", "first"), ("d-3", "second")]  # ids carry the line
+
+
+@pytest.mark.timeout(60)
+def test_over_long_prompt_is_counted_not_truncated(tiny_model):
+    from transformers import AutoProcessor
+
+    import vlrft.models  # noqa: F401
+
+    processor = AutoProcessor.from_pretrained(tiny_model("qwen2_5_vl"))
+    image = Image.new("RGB", (112, 112), (1, 2, 3))
+    records = [
+        PromptRecord(id=f"r{i}", prompt="<image>" + "word " * n, images=[image]) for i, n in enumerate((1, 400, 2))
+    ]
+    report = SkipReport(source="mem", read=3, kept=3)
+    kept = filter_by_prompt_length(records, processor, 64, on_bad_record="skip", report=report)
+    assert [r.id for r in kept] == ["r0", "r2"] and report.counts == {"prompt too long": 1}
+    assert kept[0] is records[0] and kept[0].prompt == records[0].prompt  # untouched, not truncated
+    with pytest.raises(
+        DataError,
+        match=r"record 'r1' field 'prompt': prompt has \d+ tokens \(image tokens included\) > max_prompt_length 64",
+    ):
+        filter_by_prompt_length(records, processor, 64)
