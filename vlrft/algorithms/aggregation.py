@@ -84,9 +84,22 @@ def _positive(count: int | float | Tensor) -> int | float | Tensor:
     return max(count, 1)
 
 
+def _collective_device(backend: str, cuda_available: bool) -> torch.device | None:
+    """Where a CPU count must go for a collective of ``backend``: on a CUDA machine the default
+    group may hold NCCL alone (DeepSpeed's ``init_distributed``, FSDP2's device mesh), which takes no
+    CPU tensors, so counts go to the current CUDA device unless the group is plain gloo.
+    ``None``: leave it where it is."""
+    if cuda_available and backend.lower() != "gloo":
+        return torch.device("cuda")  # the current CUDA device
+    return None
+
+
 def _all_reduce_sum(total: Tensor, group=None) -> int:
 
     if dist.is_available() and dist.is_initialized():
+        device = _collective_device(str(dist.get_backend(group)), torch.cuda.is_available())
+        if device is not None and total.device.type != device.type:
+            total = total.to(device)
         dist.all_reduce(total, op=dist.ReduceOp.SUM, group=group)
     return int(total.item())
 

@@ -13,6 +13,7 @@ on machines without torchvision.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -77,7 +78,28 @@ def _config(path: str | Path, trust_remote_code: bool) -> tuple[str, bool]:
     return name, getattr(config, "vision_config", None) is not None
 
 
+def _image_only_class(name: str) -> Any:
+    """The image-only processor class a local folder's ``processor_config.json`` names, else ``None``.
+
+    ``AutoProcessor.register`` is a no-op for a native transformers config class in some releases
+    (5.17, the CUDA image's), and ``AutoProcessor`` then silently returns the bare tokenizer."""
+    from vlrft.models import processing
+
+    path = Path(name) / "processor_config.json"
+    if not path.is_file():
+        return None
+    try:
+        cls_name = json.loads(path.read_text()).get("processor_class", "")
+    except (OSError, ValueError):
+        return None
+    cls = getattr(processing, cls_name, None) if cls_name.startswith("ImageOnly") else None
+    return cls if isinstance(cls, type) else None
+
+
 def _processor(name: str, vision_language: bool, trust_remote_code: bool) -> Any:
+    image_only = _image_only_class(name) if vision_language else None
+    if image_only is not None:
+        return image_only.from_pretrained(name)
     auto = AutoProcessor if vision_language else AutoTokenizer
     return auto.from_pretrained(name, trust_remote_code=trust_remote_code)
 

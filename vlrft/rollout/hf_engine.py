@@ -94,7 +94,6 @@ class HFRolloutEngine:
             for start in range(0, len(prompts), self.micro_batch_size):
                 chunk = prompts[start : start + self.micro_batch_size]
                 batch = collate_prompts(chunk, self.pad_id)
-                inputs = self._inputs(batch, sampling.n, device)
                 width = batch["input_ids"].shape[1]
                 kwargs = dict(
                     max_new_tokens=sampling.max_new_tokens,
@@ -115,7 +114,8 @@ class HFRolloutEngine:
                     kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
                 if sampling.stop:
                     kwargs.update(stop_strings=list(sampling.stop), tokenizer=self.tokenizer)
-                with _root_unsharded(model):
+                with _root_unsharded(model):  # the embed-once inputs call the root's embeddings directly too
+                    inputs = self._inputs(batch, sampling.n, device)
                     out = model.generate(**inputs, **kwargs)
                 new = out[:, width:].cpu()
                 for row in range(new.shape[0]):
@@ -143,8 +143,10 @@ class HFRolloutEngine:
 @contextmanager
 def _root_unsharded(model: torch.nn.Module):
     """FSDP2: keep the root's own parameters (embeddings, patch embedding, merger, norm, lm_head)
-    gathered during ``generate``, which calls the vision tower's ``get_image_features`` directly,
-    outside the root forward whose hooks would gather them. Nested blocks keep their own hooks."""
+    gathered during ``generate`` and the embed-once inputs, which call the embeddings and the vision
+    tower's ``get_image_features`` directly, outside the root forward whose hooks would gather them
+    (FSDP2 on one GPU embeds once: it does not shard, so it does not generate in lockstep). Nested
+    blocks keep their own hooks."""
     if not (hasattr(model, "unshard") and hasattr(model, "reshard")):
         yield
         return

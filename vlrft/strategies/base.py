@@ -173,7 +173,12 @@ class Strategy:
 
     # --- model preparation shared by all strategies --------------------------------------------
     def _adapt_model(self, model: torch.nn.Module) -> torch.nn.Module:
-        """Freezing, LoRA and gradient checkpointing, before any wrapping."""
+        """Training mode, freezing, LoRA and gradient checkpointing, before any wrapping.
+
+        ``from_pretrained`` returns a model in eval mode, and transformers recomputes activations only
+        in training mode: without ``train()`` gradient checkpointing was silently off (seen on a GPU
+        as the memory of a run with it on)."""
+        model.train()
         if self.cfg.freeze_vision_tower:
             for name, p in model.named_parameters():
                 if ".visual." in f".{name}" or name.startswith("visual") or "vision_tower" in name:

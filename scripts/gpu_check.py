@@ -1,0 +1,500 @@
+"""GPU check: a few ``train-policy`` steps of a randomly initialised Qwen2.5-VL of realistic shape on one GPU.
+
+Builds the model from config (random weights; ``--shape 3b`` / ``7b`` follow Qwen2.5-VL-3B/7B's published
+sizes, ``tiny`` is a CPU smoke), writes it with the tiny-model tokenizer and an image-only processor whose
+pixel bounds give ``--image-tokens`` merged image tokens per image, then calls
+``vlrft.trainer.run.train_policy`` on synthetic image prompts and prints one JSON object with per-phase
+times (the trainer's own ``time/*`` metrics), rollout and update tokens/s, actor MFU in the update, peak
+GPU memory per phase and the decode roofline beside the measured decode rate.
+
+The tokenizer is the tiny model's (about 1k tokens); the embedding and LM head are padded to the real
+vocabulary (151,936 / 152,064 rows), so parameter counts, LM-head FLOPs and logits memory are those of the
+real models. Random weights never emit EOS, so every response is ``--max-new-tokens`` long.
+
+One configuration per process. FSDP2 and DeepSpeed initialise torch.distributed, so launch with torchrun::
+
+    python scripts/gpu_check.py --shape 3b --model-dir /tmp/m3b --build-only
+    torchrun --nproc_per_node=1 scripts/gpu_check.py --shape 3b --model-dir /tmp/m3b \\
+        --strategy fsdp2 --gradient-checkpointing --json results.jsonl
+    torchrun --nproc_per_node=1 scripts/gpu_check.py --shape 3b --model-dir /tmp/m3b \\
+        --strategy deepspeed --gradient-checkpointing --json results.jsonl
+
+Checkpoints and the final export are skipped unless ``--save`` (they measure the disk, not the GPU, and a
+3B checkpoint with fp32 AdamW state is about 45 GB).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("WANDB_MODE", "disabled")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+# Qwen2.5-VL-3B / 7B (config.json of the published checkpoints); the vision tower is the same for both.
+VISION = dict(vision_depth=32, vision_hidden=1280, vision_heads=16, vision_intermediate=3420)
+SHAPES = {
+    "tiny": dict(hidden=64, layers=2, heads=4, kv_heads=2, intermediate=128, vision_depth=2, vision_hidden=64,
+                 vision_heads=4, vision_intermediate=128, vocab=None, tie=False),
+    "3b": dict(hidden=2048, layers=36, heads=16, kv_heads=2, intermediate=11008, vocab=151936, tie=True, **VISION),
+    "7b": dict(hidden=3584, layers=28, heads=28, kv_heads=4, intermediate=18944, vocab=152064, tie=False, **VISION),
+}
+PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "H800": 989.0, "A100": 312.0, "B200": 2250.0}
+
+
+# ----------------------------------------------------------------------------------------------- model
+def build_config(shape: str):
+    from vlrft.models.tiny import TinySpec, build_tokenizer
+    from vlrft.models.tiny import build_config as tiny_config
+
+    s = SHAPES[shape]
+    spec = TinySpec(arch="qwen2_5_vl", hidden=s["hidden"], layers=s["layers"], heads=s["heads"],
+                    kv_heads=s["kv_heads"], vision_depth=s["vision_depth"], vision_hidden=s["vision_hidden"])
+    tokenizer = build_tokenizer(spec.vocab_size)
+    config = tiny_config(spec, tokenizer)
+    text, vision = config.get_text_config(), config.vision_config
+    text.intermediate_size = s["intermediate"]
+    vision.intermediate_size = s["vision_intermediate"]
+    vision.num_heads = s["vision_heads"]
+    if shape != "tiny":  # the published models' rope split, window and full-attention blocks
+        text.max_position_embeddings = 32768
+        text.rope_parameters["mrope_section"] = [16, 24, 24]
+        vision.window_size = 112
+        vision.fullatt_block_indexes = [7, 15, 23, 31]
+    if s["vocab"]:
+        text.vocab_size = s["vocab"]
+        if hasattr(config, "vocab_size"):
+            config.vocab_size = s["vocab"]
+    text.tie_word_embeddings = s["tie"]
+    config.tie_word_embeddings = s["tie"]
+    return config, tokenizer
+
+
+def set_image_tokens(processor, tokens: int) -> None:
+    """Pixel bounds so that every image becomes about ``tokens`` merged LLM tokens."""
+    ip = processor.image_processor
+    area = tokens * (ip.patch_size * ip.merge_size) ** 2
+    ip.size = {"shortest_edge": area, "longest_edge": area}
+    for name in ("min_pixels", "max_pixels"):
+        if hasattr(ip, name):
+            setattr(ip, name, area)
+
+
+def build_model(shape: str, out: Path, image_tokens: int, reward_model: bool) -> None:
+    """Write a random Qwen2.5-VL of ``shape`` (bf16 weights, built on the GPU when there is one)."""
+    from transformers import AutoModelForImageTextToText
+
+    from vlrft.models.processing import ImageOnlyQwen2_5_VLProcessor
+    from vlrft.models.tiny import CHAT_TEMPLATE, build_image_processor
+
+    config, tokenizer = build_config(shape)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = torch.bfloat16 if shape != "tiny" else torch.float32
+    t0 = time.perf_counter()
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = AutoModelForImageTextToText.from_config(config, dtype=dtype)
+    text = config.get_text_config()
+    model.generation_config.do_sample = False
+    model.generation_config.eos_token_id = text.eos_token_id
+    model.generation_config.pad_token_id = text.pad_token_id
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    del model
+    processor = ImageOnlyQwen2_5_VLProcessor(build_image_processor("qwen2_5_vl"), tokenizer,
+                                             chat_template=CHAT_TEMPLATE)
+    set_image_tokens(processor, image_tokens)
+    processor.save_pretrained(out)
+    if reward_model:
+        from reward_models.scalar import ScalarRewardModel
+
+        rm = ScalarRewardModel.from_backbone(out, dtype=dtype)
+        rm.save_pretrained(out / "reward_model", processor=processor)
+        del rm
+    print(f"[gpu_check] wrote {shape} model to {out} in {time.perf_counter() - t0:.1f}s", flush=True)
+
+
+def param_counts(config) -> dict[str, int]:
+    """Parameters by part, counted on the meta device (no memory)."""
+    from transformers import AutoModelForImageTextToText
+
+    with torch.device("meta"):
+        model = AutoModelForImageTextToText.from_config(config)
+    parts = {"decoder": 0, "embed": 0, "lm_head": 0, "vision": 0, "other": 0}
+    seen = set()
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if id(p) in seen:
+            continue
+        seen.add(id(p))
+        if ".layers." in name:
+            parts["decoder"] += p.numel()
+        elif "embed_tokens" in name:
+            parts["embed"] += p.numel()
+        elif "lm_head" in name:
+            parts["lm_head"] += p.numel()
+        elif "visual" in name:
+            parts["vision"] += p.numel()
+        else:
+            parts["other"] += p.numel()
+    parts["tied"] = int(bool(config.get_text_config().tie_word_embeddings))
+    parts["total"] = sum(v for k, v in parts.items() if k != "tied")
+    return parts
+
+
+# ----------------------------------------------------------------------------------------------- probes
+class Probe:
+    """Per-phase timing and peak GPU memory, by wrapping trainer methods (reset the peak before each)."""
+
+    def __init__(self):
+        self.cuda = torch.cuda.is_available()
+        self.steps: list[dict] = []
+        self.current: dict = {}
+
+    def sync(self):
+        if self.cuda:
+            torch.cuda.synchronize()
+
+    def wrap(self, owner, name: str, phase: str, after=None):
+        original = getattr(owner, name)
+        probe = self
+
+        def wrapped(*args, **kwargs):
+            probe.sync()
+            if probe.cuda:
+                torch.cuda.reset_peak_memory_stats()
+            before = torch.cuda.memory_allocated() if probe.cuda else 0
+            t0 = time.perf_counter()
+            result = original(*args, **kwargs)
+            probe.sync()
+            rec = probe.current.setdefault(phase, {"s": 0.0, "peak_gib": 0.0, "calls": 0})
+            rec["s"] += time.perf_counter() - t0
+            rec["calls"] += 1
+            if probe.cuda:
+                rec["peak_gib"] = max(rec["peak_gib"], torch.cuda.max_memory_allocated() / 2**30)
+                rec["allocated_before_gib"] = before / 2**30
+                rec["allocated_after_gib"] = torch.cuda.memory_allocated() / 2**30
+            if after is not None:
+                after(rec, args, kwargs, result)
+            return result
+
+        setattr(owner, name, wrapped)
+
+    def install(self, save: bool) -> None:
+        from reward_models.pool import RewardPool
+        from vlrft.rollout.hf_engine import HFRolloutEngine
+        from vlrft.strategies.base import Strategy
+        from vlrft.trainer.policy_trainer import PolicyTrainer
+
+        probe = self
+
+        # decode timing: a forward hook on the generating module stamps every forward of generate
+        original_generate = HFRolloutEngine.generate
+
+        def generate(engine, prompts, sampling):
+            stamps: list[tuple[float, int, int]] = []
+
+            def hook(module, args, kwargs, output):
+                probe.sync()
+                ids = kwargs.get("input_ids")
+                emb = kwargs.get("inputs_embeds")
+                x = ids if ids is not None else emb
+                stamps.append((time.perf_counter(), int(x.shape[0]), int(x.shape[1])))
+
+            handle = engine.model.register_forward_hook(hook, with_kwargs=True)
+            try:
+                t0 = time.perf_counter()
+                out = original_generate(engine, prompts, sampling)
+            finally:
+                handle.remove()
+            rec = probe.current.setdefault("generate_detail", {"forwards": 0, "decode_s": 0.0, "decode_steps": 0,
+                                                                 "decode_rows": 0, "prefill_s": 0.0})
+            if stamps:
+                rec["prefill_s"] += stamps[0][0] - t0
+                rec["forwards"] += len(stamps)
+                rec["decode_steps"] += len(stamps) - 1
+                rec["decode_s"] += stamps[-1][0] - stamps[0][0]
+                rec["decode_rows"] = max(rec["decode_rows"], stamps[0][1])
+                rec["prefill_len"] = stamps[0][2]
+            rec["generated_tokens"] = rec.get("generated_tokens", 0) + sum(len(r.response_ids) for r in out)
+            return out
+
+        HFRolloutEngine.generate = generate
+        self.wrap(HFRolloutEngine, "generate", "rollout")
+        self.wrap(RewardPool, "score", "reward")
+        self.wrap(PolicyTrainer, "_logprobs", "logprobs")
+
+        def after_update(rec, args, kwargs, result):
+            exp = args[1]
+            b = exp.batch
+            rec["samples"] = int(b["input_ids"].shape[0])
+            rec["seq_tokens"] = int(b["attention_mask"].sum())
+            rec["seq_lengths"] = b["attention_mask"].sum(-1).tolist()
+            rec["response_tokens"] = int(exp.response_mask.sum())
+            rec["logit_rows"] = int(b["input_ids"].shape[0] * (exp.response_ids.shape[1] + 1))
+            grid = b.get("image_grid_thw")
+            rec["image_patches"] = int(grid.prod(-1).sum()) if grid is not None else 0
+            rec["image_grids"] = grid.tolist() if grid is not None else []
+
+        self.wrap(PolicyTrainer, "train_on", "update", after=after_update)
+        self.wrap(PolicyTrainer, "_sync_engine", "weight_sync")
+
+        # a step ends when the engine has the new weights: file the step's records
+        original_sync = PolicyTrainer._sync_engine
+
+        def sync_engine(trainer):
+            result = original_sync(trainer)
+            probe.steps.append(probe.current)
+            probe.current = {}
+            return result
+
+        PolicyTrainer._sync_engine = sync_engine
+
+        if not save:
+            PolicyTrainer.save_checkpoint = lambda trainer: None
+            Strategy.save_pretrained = lambda strategy, out_dir, processor=None: None
+
+
+# ----------------------------------------------------------------------------------------------- figures
+def copy_bandwidth(gib: float = 4.0, iters: int = 10) -> float:
+    """Device-to-device copy bandwidth in bytes/s, counting bytes read and written."""
+    if not torch.cuda.is_available():
+        return float("nan")
+    n = int(gib * 2**30) // 2
+    a = torch.empty(n, dtype=torch.bfloat16, device="cuda")
+    b = torch.empty_like(a)
+    for _ in range(3):
+        b.copy_(a)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        b.copy_(a)
+    torch.cuda.synchronize()
+    dt = time.perf_counter() - t0
+    del a, b
+    torch.cuda.empty_cache()
+    return 2 * n * 2 * iters / dt
+
+
+def peak_tflops(override: float) -> float:
+    if override:
+        return override
+    if not torch.cuda.is_available():
+        return float("nan")
+    name = torch.cuda.get_device_name()
+    for key, value in PEAK_BF16_TFLOPS.items():
+        if key in name and "PCIe" not in name:
+            return value
+    return float("nan")
+
+
+def update_flops(config, counts: dict, upd: dict) -> dict[str, float]:
+    """Model FLOPs of one update (forward + backward, no recompute): 6 x params x tokens for the decoder,
+    the vision tower (per patch) and the LM head (per logit row computed), plus causal attention."""
+    text, vision = config.get_text_config(), config.vision_config
+    heads_dim = text.num_attention_heads * (text.hidden_size // text.num_attention_heads)
+    dense = 6 * counts["decoder"] * upd["seq_tokens"]
+    attn = 6 * text.num_hidden_layers * heads_dim * sum(L * L for L in upd["seq_lengths"])  # causal: half of 12
+    head_params = counts["lm_head"] or counts["embed"]
+    head = 6 * head_params * upd["logit_rows"]
+    vis_dense = 6 * (counts["vision"]) * upd["image_patches"]
+    # vision attention: full blocks over every image's patches, windowed blocks over windows
+    vh, depth = vision.hidden_size, vision.depth
+    full_blocks = len(getattr(vision, "fullatt_block_indexes", []) or [])
+    win = (getattr(vision, "window_size", 112) // vision.patch_size) ** 2
+    vis_attn = 0
+    for t, h, w in upd["image_grids"]:
+        p = t * h * w
+        vis_attn += 12 * vh * (full_blocks * p * p + (depth - full_blocks) * p * min(p, win))
+    return {"decoder": dense, "attention": attn, "lm_head": head, "vision": vis_dense + vis_attn,
+            "total": dense + attn + head + vis_dense + vis_attn}
+
+
+def summarise(args, config, counts, bw: float, peak: float, probe: Probe, metrics: list[dict]) -> dict:
+    text = config.get_text_config()
+    kv_bytes_per_token = 2 * text.num_hidden_layers * text.num_key_value_heads * (
+        text.hidden_size // text.num_attention_heads) * 2
+    weight_bytes = 2 * (counts["decoder"] + (counts["lm_head"] or counts["embed"]) + counts["other"])
+    steps = []
+    for i, (m, ph) in enumerate(zip(metrics, probe.steps)):
+        upd = ph.get("update", {})
+        gen = ph.get("generate_detail", {})
+        flops = update_flops(config, counts, upd) if upd else {}
+        t_update = m.get("time/update", float("nan"))
+        rows, dsteps, dsec = gen.get("decode_rows", 0), gen.get("decode_steps", 0), gen.get("decode_s", 0.0)
+        ctx = gen.get("prefill_len", 0) + dsteps / 2  # mean context over the decode
+        roof_step = (weight_bytes + rows * ctx * kv_bytes_per_token) / bw if bw == bw else float("nan")
+        measured_step = dsec / dsteps if dsteps else float("nan")
+        steps.append({
+            "step": i + 1,
+            "time_s": {k.removeprefix("time/"): round(v, 3) for k, v in m.items() if k.startswith("time/")},
+            "rollout_tokens_per_s": round(gen.get("generated_tokens", 0) / m["time/rollout"], 1)
+            if m.get("time/rollout") else None,
+            "update_response_tokens_per_s": round(m.get("tokens_per_s/update", float("nan")), 1),
+            "update_all_tokens_per_s": round(upd.get("seq_tokens", 0) / t_update, 1),
+            "update_tflops_per_s": round(flops.get("total", 0) / t_update / 1e12, 1),
+            "actor_mfu": round(flops.get("total", 0) / t_update / (peak * 1e12), 4) if peak == peak else None,
+            "update_flops_split": {k: f"{v:.3e}" for k, v in flops.items()},
+            "peak_gib": {k: round(v["peak_gib"], 2) for k, v in ph.items() if "peak_gib" in v},
+            "allocated_after_gib": {k: round(v["allocated_after_gib"], 2) for k, v in ph.items()
+                                    if "allocated_after_gib" in v},
+            "decode": {
+                "rows": rows,
+                "prefill_tokens_per_row": gen.get("prefill_len"),
+                "prefill_s": round(gen.get("prefill_s", 0.0), 3),
+                "steps": dsteps,
+                "measured_ms_per_step": round(1e3 * measured_step, 2),
+                "measured_tokens_per_s": round(rows / measured_step, 1) if dsteps else None,
+                "roofline_ms_per_step": round(1e3 * roof_step, 2),
+                "roofline_tokens_per_s": round(rows / roof_step, 1) if roof_step == roof_step else None,
+                "measured_over_roofline_time": round(measured_step / roof_step, 2) if dsteps else None,
+            },
+            "samples": upd.get("samples"),
+            "update_seq_tokens": upd.get("seq_tokens"),
+            "update_response_tokens": upd.get("response_tokens"),
+            "image_patches": upd.get("image_patches"),
+        })
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    import transformers
+
+    return {
+        "config": {
+            "shape": args.shape,
+            "strategy": args.strategy + (f"-zero{args.zero_stage}" if args.strategy == "deepspeed" else ""),
+            "gradient_checkpointing": args.gradient_checkpointing,
+            "cpu_offload": args.cpu_offload,
+            "param_dtype": args.model_dtype,
+            "mixed_precision": "bf16",
+            "reward_model": args.reward_model,
+            "prompts": args.prompts,
+            "samples_per_prompt": args.samples,
+            "max_new_tokens": args.max_new_tokens,
+            "image_tokens": args.image_tokens,
+            "micro_train_batch_size": args.micro_train_batch,
+        },
+        "device": gpu,
+        "dist_backend": str(torch.distributed.get_backend()) if torch.distributed.is_initialized() else None,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "params": counts,
+        "weight_bytes_per_decode_step_bf16": weight_bytes,
+        "copy_bandwidth_TBps": round(bw / 1e12, 3) if bw == bw else None,
+        "peak_bf16_tflops": peak,
+        "max_memory_allocated_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2)
+        if torch.cuda.is_available() else None,
+        "steps": steps,
+    }
+
+
+# ----------------------------------------------------------------------------------------------- main
+def main(argv: list[str] | None = None) -> dict | None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--shape", choices=tuple(SHAPES), default="tiny")
+    p.add_argument("--model-dir", type=Path, required=True, help="built here when it holds no config.json")
+    p.add_argument("--build-only", action="store_true")
+    p.add_argument("--out-dir", type=Path, default=Path("runs/gpu_check"))
+    p.add_argument("--json", type=Path, help="append the summary (one line) to this file")
+    p.add_argument("--strategy", choices=("fsdp2", "deepspeed", "single"), default="fsdp2")
+    p.add_argument("--zero-stage", type=int, default=3)
+    p.add_argument("--gradient-checkpointing", action="store_true")
+    p.add_argument("--cpu-offload", action="store_true")
+    p.add_argument("--model-dtype", choices=("float32", "bfloat16"), default="float32",
+                   help="parameter (and AdamW state) dtype; compute is bf16 either way")
+    p.add_argument("--reward-model", action="store_true", help="a scalar RM of the same shape in the pool")
+    p.add_argument("--steps", type=int, default=2)
+    p.add_argument("--prompts", type=int, default=2)
+    p.add_argument("--samples", type=int, default=8)
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--image-tokens", type=int, default=1024)
+    p.add_argument("--micro-train-batch", type=int, default=4)
+    p.add_argument("--peak-tflops", type=float, default=0.0, help="device bf16 dense peak (default: by name)")
+    p.add_argument("--save", action="store_true", help="keep the end-of-run checkpoint and final export")
+    p.add_argument("overrides", nargs="*", help="extra train-policy key=value overrides")
+    args = p.parse_args(argv)
+
+    if not (args.model_dir / "config.json").is_file() or (args.reward_model and
+                                                          not (args.model_dir / "reward_model").is_dir()):
+        if int(os.environ.get("RANK", "0")) == 0:
+            build_model(args.shape, args.model_dir, args.image_tokens, args.reward_model)
+    if args.build_only:
+        return None
+
+    import vlrft.models  # noqa: F401  (registers the image-only processors)
+    from vlrft.config import load_config
+    from vlrft.trainer.config import PolicyTrainConfig
+    from vlrft.trainer.run import train_policy
+
+    config, _ = build_config(args.shape)
+    counts = param_counts(config)
+    bw = copy_bandwidth()
+    peak = peak_tflops(args.peak_tflops)
+    side = 28 * int(round(args.image_tokens**0.5))
+    reward = "[{name: accuracy, kind: verifier, verifier: vocab_answer}"
+    if args.reward_model:
+        reward += f", {{name: rm, kind: srm, path: '{args.model_dir / 'reward_model'}', weight: 0.0}}"
+    reward += "]"
+    overrides = [
+        f"model.path={args.model_dir}",
+        f"model.dtype={args.model_dtype}",
+        "data.train_source=synthetic:color",
+        "data.eval_source=''",
+        f"data.synthetic_train_size={max(16, args.prompts * args.steps)}",
+        f"data.synthetic_options={{image_size: {side}}}",
+        f"data.max_prompt_length={args.image_tokens + 512}",
+        f"rollout.rollout_batch_size={args.prompts}",
+        f"rollout.n_samples_per_prompt={args.samples}",
+        f"rollout.micro_rollout_batch_size={args.prompts}",
+        f"rollout.max_new_tokens={args.max_new_tokens}",
+        "rollout.temperature=1.0",
+        "algorithm.kl_coef=0",
+        "algorithm.loss_agg_mode=token-mean",
+        f"reward.sources={reward}",
+        f"train.max_steps={args.steps}",
+        f"train.micro_train_batch_size={args.micro_train_batch}",
+        f"train.output_dir={args.out_dir}",
+        "train.log_samples=1",
+        "train.resume=never",
+        f"strategy.name={args.strategy}",
+        f"strategy.zero_stage={args.zero_stage}",
+        "strategy.mixed_precision=bf16",
+        f"strategy.gradient_checkpointing={str(args.gradient_checkpointing).lower()}",
+        f"strategy.cpu_offload={str(args.cpu_offload).lower()}",
+        "optim.lr=1e-6",
+        "logging.tensorboard=false",
+        "logging.wandb=disabled",
+        "logging.progress_bar=false",
+        *args.overrides,
+    ]
+    cfg = load_config(PolicyTrainConfig, None, overrides)
+    probe = Probe()
+    probe.install(save=args.save)
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    summary = train_policy(cfg)
+    wall = time.perf_counter() - t0
+    metrics = summary.get("history") or []
+    if not metrics:
+        path = args.out_dir / "metrics.jsonl"
+        rows = [json.loads(x) for x in path.read_text().splitlines()] if path.is_file() else []
+        metrics = [r for r in rows if "time/step" in r]
+    result = summarise(args, config, counts, bw, peak, probe, metrics)
+    result["train_policy_wall_s"] = round(wall, 1)
+    if int(os.environ.get("RANK", "0")) == 0:
+        line = json.dumps(result)
+        print("[gpu_check] " + json.dumps(result, indent=1), flush=True)
+        if args.json:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            with args.json.open("a") as f:
+                f.write(line + "\n")
+    return result
+
+
+if __name__ == "__main__":
+    main()
