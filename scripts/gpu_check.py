@@ -41,8 +41,19 @@ import torch  # noqa: E402
 # Qwen2.5-VL-3B / 7B (config.json of the published checkpoints); the vision tower is the same for both.
 VISION = dict(vision_depth=32, vision_hidden=1280, vision_heads=16, vision_intermediate=3420)
 SHAPES = {
-    "tiny": dict(hidden=64, layers=2, heads=4, kv_heads=2, intermediate=128, vision_depth=2, vision_hidden=64,
-                 vision_heads=4, vision_intermediate=128, vocab=None, tie=False),
+    "tiny": dict(
+        hidden=64,
+        layers=2,
+        heads=4,
+        kv_heads=2,
+        intermediate=128,
+        vision_depth=2,
+        vision_hidden=64,
+        vision_heads=4,
+        vision_intermediate=128,
+        vocab=None,
+        tie=False,
+    ),
     "3b": dict(hidden=2048, layers=36, heads=16, kv_heads=2, intermediate=11008, vocab=151936, tie=True, **VISION),
     "7b": dict(hidden=3584, layers=28, heads=28, kv_heads=4, intermediate=18944, vocab=152064, tie=False, **VISION),
 }
@@ -55,8 +66,15 @@ def build_config(shape: str):
     from vlrft.models.tiny import build_config as tiny_config
 
     s = SHAPES[shape]
-    spec = TinySpec(arch="qwen2_5_vl", hidden=s["hidden"], layers=s["layers"], heads=s["heads"],
-                    kv_heads=s["kv_heads"], vision_depth=s["vision_depth"], vision_hidden=s["vision_hidden"])
+    spec = TinySpec(
+        arch="qwen2_5_vl",
+        hidden=s["hidden"],
+        layers=s["layers"],
+        heads=s["heads"],
+        kv_heads=s["kv_heads"],
+        vision_depth=s["vision_depth"],
+        vision_hidden=s["vision_hidden"],
+    )
     tokenizer = build_tokenizer(spec.vocab_size)
     config = tiny_config(spec, tokenizer)
     text, vision = config.get_text_config(), config.vision_config
@@ -108,8 +126,9 @@ def build_model(shape: str, out: Path, image_tokens: int, reward_model: bool) ->
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     del model
-    processor = ImageOnlyQwen2_5_VLProcessor(build_image_processor("qwen2_5_vl"), tokenizer,
-                                             chat_template=CHAT_TEMPLATE)
+    processor = ImageOnlyQwen2_5_VLProcessor(
+        build_image_processor("qwen2_5_vl"), tokenizer, chat_template=CHAT_TEMPLATE
+    )
     set_image_tokens(processor, image_tokens)
     processor.save_pretrained(out)
     if reward_model:
@@ -213,8 +232,10 @@ class Probe:
                 out = original_generate(engine, prompts, sampling)
             finally:
                 handle.remove()
-            rec = probe.current.setdefault("generate_detail", {"forwards": 0, "decode_s": 0.0, "decode_steps": 0,
-                                                                 "decode_rows": 0, "prefill_s": 0.0})
+            rec = probe.current.setdefault(
+                "generate_detail",
+                {"forwards": 0, "decode_s": 0.0, "decode_steps": 0, "decode_rows": 0, "prefill_s": 0.0},
+            )
             if stamps:
                 rec["prefill_s"] += stamps[0][0] - t0
                 rec["forwards"] += len(stamps)
@@ -312,14 +333,20 @@ def update_flops(config, counts: dict, upd: dict) -> dict[str, float]:
     for t, h, w in upd["image_grids"]:
         p = t * h * w
         vis_attn += 12 * vh * (full_blocks * p * p + (depth - full_blocks) * p * min(p, win))
-    return {"decoder": dense, "attention": attn, "lm_head": head, "vision": vis_dense + vis_attn,
-            "total": dense + attn + head + vis_dense + vis_attn}
+    return {
+        "decoder": dense,
+        "attention": attn,
+        "lm_head": head,
+        "vision": vis_dense + vis_attn,
+        "total": dense + attn + head + vis_dense + vis_attn,
+    }
 
 
 def summarise(args, config, counts, bw: float, peak: float, probe: Probe, metrics: list[dict]) -> dict:
     text = config.get_text_config()
-    kv_bytes_per_token = 2 * text.num_hidden_layers * text.num_key_value_heads * (
-        text.hidden_size // text.num_attention_heads) * 2
+    kv_bytes_per_token = (
+        2 * text.num_hidden_layers * text.num_key_value_heads * (text.hidden_size // text.num_attention_heads) * 2
+    )
     weight_bytes = 2 * (counts["decoder"] + (counts["lm_head"] or counts["embed"]) + counts["other"])
     steps = []
     for i, (m, ph) in enumerate(zip(metrics, probe.steps)):
@@ -331,35 +358,39 @@ def summarise(args, config, counts, bw: float, peak: float, probe: Probe, metric
         ctx = gen.get("prefill_len", 0) + dsteps / 2  # mean context over the decode
         roof_step = (weight_bytes + rows * ctx * kv_bytes_per_token) / bw if bw == bw else float("nan")
         measured_step = dsec / dsteps if dsteps else float("nan")
-        steps.append({
-            "step": i + 1,
-            "time_s": {k.removeprefix("time/"): round(v, 3) for k, v in m.items() if k.startswith("time/")},
-            "rollout_tokens_per_s": round(gen.get("generated_tokens", 0) / m["time/rollout"], 1)
-            if m.get("time/rollout") else None,
-            "update_response_tokens_per_s": round(m.get("tokens_per_s/update", float("nan")), 1),
-            "update_all_tokens_per_s": round(upd.get("seq_tokens", 0) / t_update, 1),
-            "update_tflops_per_s": round(flops.get("total", 0) / t_update / 1e12, 1),
-            "actor_mfu": round(flops.get("total", 0) / t_update / (peak * 1e12), 4) if peak == peak else None,
-            "update_flops_split": {k: f"{v:.3e}" for k, v in flops.items()},
-            "peak_gib": {k: round(v["peak_gib"], 2) for k, v in ph.items() if "peak_gib" in v},
-            "allocated_after_gib": {k: round(v["allocated_after_gib"], 2) for k, v in ph.items()
-                                    if "allocated_after_gib" in v},
-            "decode": {
-                "rows": rows,
-                "prefill_tokens_per_row": gen.get("prefill_len"),
-                "prefill_s": round(gen.get("prefill_s", 0.0), 3),
-                "steps": dsteps,
-                "measured_ms_per_step": round(1e3 * measured_step, 2),
-                "measured_tokens_per_s": round(rows / measured_step, 1) if dsteps else None,
-                "roofline_ms_per_step": round(1e3 * roof_step, 2),
-                "roofline_tokens_per_s": round(rows / roof_step, 1) if roof_step == roof_step else None,
-                "measured_over_roofline_time": round(measured_step / roof_step, 2) if dsteps else None,
-            },
-            "samples": upd.get("samples"),
-            "update_seq_tokens": upd.get("seq_tokens"),
-            "update_response_tokens": upd.get("response_tokens"),
-            "image_patches": upd.get("image_patches"),
-        })
+        steps.append(
+            {
+                "step": i + 1,
+                "time_s": {k.removeprefix("time/"): round(v, 3) for k, v in m.items() if k.startswith("time/")},
+                "rollout_tokens_per_s": round(gen.get("generated_tokens", 0) / m["time/rollout"], 1)
+                if m.get("time/rollout")
+                else None,
+                "update_response_tokens_per_s": round(m.get("tokens_per_s/update", float("nan")), 1),
+                "update_all_tokens_per_s": round(upd.get("seq_tokens", 0) / t_update, 1),
+                "update_tflops_per_s": round(flops.get("total", 0) / t_update / 1e12, 1),
+                "actor_mfu": round(flops.get("total", 0) / t_update / (peak * 1e12), 4) if peak == peak else None,
+                "update_flops_split": {k: f"{v:.3e}" for k, v in flops.items()},
+                "peak_gib": {k: round(v["peak_gib"], 2) for k, v in ph.items() if "peak_gib" in v},
+                "allocated_after_gib": {
+                    k: round(v["allocated_after_gib"], 2) for k, v in ph.items() if "allocated_after_gib" in v
+                },
+                "decode": {
+                    "rows": rows,
+                    "prefill_tokens_per_row": gen.get("prefill_len"),
+                    "prefill_s": round(gen.get("prefill_s", 0.0), 3),
+                    "steps": dsteps,
+                    "measured_ms_per_step": round(1e3 * measured_step, 2),
+                    "measured_tokens_per_s": round(rows / measured_step, 1) if dsteps else None,
+                    "roofline_ms_per_step": round(1e3 * roof_step, 2),
+                    "roofline_tokens_per_s": round(rows / roof_step, 1) if roof_step == roof_step else None,
+                    "measured_over_roofline_time": round(measured_step / roof_step, 2) if dsteps else None,
+                },
+                "samples": upd.get("samples"),
+                "update_seq_tokens": upd.get("seq_tokens"),
+                "update_response_tokens": upd.get("response_tokens"),
+                "image_patches": upd.get("image_patches"),
+            }
+        )
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     import transformers
 
@@ -387,7 +418,8 @@ def summarise(args, config, counts, bw: float, peak: float, probe: Probe, metric
         "copy_bandwidth_TBps": round(bw / 1e12, 3) if bw == bw else None,
         "peak_bf16_tflops": peak,
         "max_memory_allocated_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2)
-        if torch.cuda.is_available() else None,
+        if torch.cuda.is_available()
+        else None,
         "steps": steps,
     }
 
@@ -404,8 +436,12 @@ def main(argv: list[str] | None = None) -> dict | None:
     p.add_argument("--zero-stage", type=int, default=3)
     p.add_argument("--gradient-checkpointing", action="store_true")
     p.add_argument("--cpu-offload", action="store_true")
-    p.add_argument("--model-dtype", choices=("float32", "bfloat16"), default="float32",
-                   help="parameter (and AdamW state) dtype; compute is bf16 either way")
+    p.add_argument(
+        "--model-dtype",
+        choices=("float32", "bfloat16"),
+        default="float32",
+        help="parameter (and AdamW state) dtype; compute is bf16 either way",
+    )
     p.add_argument("--reward-model", action="store_true", help="a scalar RM of the same shape in the pool")
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--prompts", type=int, default=2)
@@ -418,8 +454,9 @@ def main(argv: list[str] | None = None) -> dict | None:
     p.add_argument("overrides", nargs="*", help="extra train-policy key=value overrides")
     args = p.parse_args(argv)
 
-    if not (args.model_dir / "config.json").is_file() or (args.reward_model and
-                                                          not (args.model_dir / "reward_model").is_dir()):
+    if not (args.model_dir / "config.json").is_file() or (
+        args.reward_model and not (args.model_dir / "reward_model").is_dir()
+    ):
         if int(os.environ.get("RANK", "0")) == 0:
             build_model(args.shape, args.model_dir, args.image_tokens, args.reward_model)
     if args.build_only:
