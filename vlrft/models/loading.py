@@ -29,6 +29,8 @@ from transformers import (
     AutoTokenizer,
 )
 
+from vlrft.models import processing
+
 
 def _offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
@@ -83,8 +85,6 @@ def _image_only_class(name: str) -> Any:
 
     ``AutoProcessor.register`` is a no-op for a native transformers config class in some releases
     (5.17, the CUDA image's), and ``AutoProcessor`` then silently returns the bare tokenizer."""
-    from vlrft.models import processing
-
     path = Path(name) / "processor_config.json"
     if not path.is_file():
         return None
