@@ -7,8 +7,12 @@ samples of its group refer to it by index and share its image tensors. Two batch
 - :func:`collate_sequences`: right-padded prompt+response batches for training, with the attention
   mask, the action (response) mask, and each sample's ``pixel_values`` / ``image_grid_thw`` in batch
   order. Qwen-VL's multimodal rope position ids are computed by the model from ``input_ids``,
-  ``image_grid_thw`` and the attention mask, so padding on either side gives each sample the positions
-  it has alone (checked against the model in tests/test_collate.py).
+  ``image_grid_thw``, ``mm_token_type_ids`` and the attention mask, so padding on either side gives each
+  sample the positions it has alone (checked against the model in tests/test_collate.py).
+
+``mm_token_type_ids`` (1 on image tokens) travels with every batch: transformers 5's Qwen-VL models
+compute the 3-D (m-rope) positions of image tokens only when it is given, and silently fall back to
+1-D text positions otherwise, which is not how the model was pretrained (nor what vLLM computes).
 
 A text-only sample is a sample with no images: it goes through the same functions.
 """
@@ -34,6 +38,8 @@ class EncodedPrompt:
     # the images exactly as the processor received them, in prompt order: what an engine with its own
     # preprocessing (vLLM's ``multi_modal_data``) is given; its processor then yields ``image_grid_thw``
     images: list[Any] = field(default_factory=list)
+    # [L] int64, 1 on image tokens (the processor's own marks; None for a text-only tokenizer)
+    mm_token_type_ids: torch.Tensor | None = None
 
     @property
     def num_images(self) -> int:
@@ -82,7 +88,9 @@ def encode_prompt(
     if pixel_values is not None and pixel_values.numel() == 0:
         pixel_values = None
     grid = enc.get("image_grid_thw") if pixel_values is not None else None
-    return EncodedPrompt(enc["input_ids"][0].long(), pixel_values, grid, images)
+    types = enc.get("mm_token_type_ids")
+    types = types[0].long() if types is not None else None
+    return EncodedPrompt(enc["input_ids"][0].long(), pixel_values, grid, images, types)
 
 
 def _cat_images(prompts: list[EncodedPrompt]) -> dict[str, torch.Tensor]:
@@ -104,7 +112,14 @@ def collate_prompts(prompts: list[EncodedPrompt], pad_token_id: int) -> dict[str
         n = p.input_ids.numel()
         ids[i, width - n :] = p.input_ids
         mask[i, width - n :] = 1
-    return {"input_ids": ids, "attention_mask": mask, **_cat_images(prompts)}
+    out = {"input_ids": ids, "attention_mask": mask, **_cat_images(prompts)}
+    if any(p.mm_token_type_ids is not None for p in prompts):
+        types = torch.zeros((len(prompts), width), dtype=torch.long)
+        for i, p in enumerate(prompts):
+            if p.mm_token_type_ids is not None:
+                types[i, width - p.input_ids.numel() :] = p.mm_token_type_ids
+        out["mm_token_type_ids"] = types
+    return out
 
 
 def collate_sequences(
@@ -117,7 +132,7 @@ def collate_sequences(
 
     Returns ``input_ids``, ``attention_mask``, ``action_mask`` (1 on response tokens, aligned with
     ``input_ids``), ``prompt_lengths`` [N], ``response_lengths`` [N], ``images_per_sample`` [N] and the
-    samples' images (``pixel_values``, ``image_grid_thw`` in sample order).
+    samples' images (``pixel_values``, ``image_grid_thw`` in sample order, with ``mm_token_type_ids``).
     """
     if len(prompt_index) != len(responses):
         raise ValueError(f"{len(prompt_index)} prompt indices for {len(responses)} responses")
@@ -133,7 +148,7 @@ def collate_sequences(
         ids[i, p.numel() : lengths[i]] = r
         attn[i, : lengths[i]] = 1
         action[i, p.numel() : lengths[i]] = 1
-    return {
+    out = {
         "input_ids": ids,
         "attention_mask": attn,
         "action_mask": action,
@@ -142,10 +157,16 @@ def collate_sequences(
         "images_per_sample": torch.tensor([prompts[j].num_images for j in prompt_index]),
         **_cat_images([prompts[j] for j in prompt_index]),
     }
+    if any(prompts[j].mm_token_type_ids is not None for j in set(prompt_index)):
+        types = torch.zeros((n, width), dtype=torch.long)  # response tokens are text (0)
+        for i, j in enumerate(prompt_index):
+            if prompts[j].mm_token_type_ids is not None:
+                types[i, : prompts[j].input_ids.numel()] = prompts[j].mm_token_type_ids
+        out["mm_token_type_ids"] = types
+    return out
 
 
-# mm_token_type_ids: transformers 5's Qwen-VL processors mark image tokens with it (the reward-model
-# encoders' batches come straight from the processor); collated batches do not have it.
+# mm_token_type_ids: transformers 5's Qwen-VL models need it for the m-rope positions of image tokens.
 MODEL_INPUT_KEYS = ("input_ids", "attention_mask", "pixel_values", "image_grid_thw", "mm_token_type_ids")
 
 

@@ -134,3 +134,33 @@ def test_text_only_tokenizer_gets_string_contents(tiny_model):
     )
     with pytest.raises(ValueError, match="record 'b' has 1 image.*text-only"):
         encode_prompt(tok, PromptRecord(id="b", prompt="x", images=[Image.new("RGB", (56, 56))]))
+
+
+def test_collated_batches_carry_the_image_positions_the_processor_gives(vl):
+    """transformers 5's Qwen-VL computes m-rope positions for image tokens only with ``mm_token_type_ids``
+    (1-D text positions otherwise): collated batches carry it, so their logits equal the processor's own
+    batch, and would differ without it."""
+    model, proc = vl
+    rec = _records()[2]  # two images
+    prompt = encode_prompt(proc, rec)
+    assert int(prompt.mm_token_type_ids.sum()) == int(prompt.image_grid_thw.prod(-1).sum()) // 4
+    from data_pipelines.formatting import build_messages
+
+    direct = proc.apply_chat_template(
+        build_messages(rec), add_generation_prompt=True, tokenize=True, return_dict=True, return_tensors="pt"
+    )
+    assert torch.equal(direct["input_ids"][0], prompt.input_ids)
+    pad = proc.tokenizer.pad_token_id
+    short = encode_prompt(proc, _records()[1])  # pads the image prompt in both layouts
+    with torch.no_grad():
+        reference = model(**{k: direct[k] for k in model_inputs(direct)}).logits[0]
+        left = collate_prompts([short, prompt], pad)
+        right = collate_sequences([prompt, short], [0, 1], [torch.tensor([5]), torch.tensor([6, 7, 8, 9, 10, 11])], pad)
+        n = prompt.input_ids.numel()
+        from_left = model(**model_inputs(left)).logits[1, -n:]
+        from_right = model(**model_inputs(right)).logits[0, :n]
+        without = {k: v for k, v in model_inputs(left).items() if k != "mm_token_type_ids"}
+        text_positions = model(**without).logits[1, -n:]
+    assert (from_left - reference).abs().max() < 1e-4
+    assert (from_right - reference).abs().max() < 1e-4
+    assert (text_positions - reference).abs().max() > 1e-3  # the positions matter: the check can fail

@@ -68,11 +68,15 @@ class HFRolloutEngine:
                 "attention_mask": rep["attention_mask"].repeat_interleave(n, 0),
                 "image_grid_thw": torch.cat([g for g in grid_per_prompt for _ in range(n)]),
             }
+            if "mm_token_type_ids" in rep:
+                out["mm_token_type_ids"] = rep["mm_token_type_ids"].repeat_interleave(n, 0)
             return out
         out = {
             "input_ids": rep["input_ids"].repeat_interleave(n, 0),
             "attention_mask": rep["attention_mask"].repeat_interleave(n, 0),
         }
+        if "mm_token_type_ids" in rep:  # the m-rope positions of image tokens (data_pipelines/collate.py)
+            out["mm_token_type_ids"] = rep["mm_token_type_ids"].repeat_interleave(n, 0)
         if "pixel_values" in rep:  # repeat each prompt's patches for its n samples
             grids = _split_grids(
                 rep["input_ids"], rep["image_grid_thw"], self.model.config.image_token_id, self.merge_area

@@ -106,7 +106,11 @@ class Experience:
         b = self.batch
         idx = index.tolist()
         width = int((b["prompt_lengths"][index] + b["response_lengths"][index]).max())
-        out = {k: b[k][index][:, :width] for k in ("input_ids", "attention_mask", "action_mask")}
+        out = {
+            k: b[k][index][:, :width]
+            for k in ("input_ids", "attention_mask", "action_mask", "mm_token_type_ids")
+            if k in b
+        }
         out["prompt_lengths"] = b["prompt_lengths"][index]
         out["response_lengths"] = b["response_lengths"][index]
         if "pixel_values" in b:
