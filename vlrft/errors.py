@@ -1,0 +1,14 @@
+"""Failures with a known cause.
+
+A :class:`KnownError` carries one message that names the file, key or value at fault and the rule it
+broke; the CLI prints that message (no traceback unless ``--debug``) and exits with code 2. Subclass it
+for each family of known failures (checkpoints, run folders, numerics, distributed, ...). Errors raised
+below ``vlrft`` (``data_pipelines.errors.DataError``, ``vlrft.config.ConfigError``) are listed next to it in
+the CLI's table of known failures.
+"""
+
+from __future__ import annotations
+
+
+class KnownError(RuntimeError):
+    """A failure with a known cause and a complete, user-facing message."""
