@@ -3,22 +3,20 @@ process does on the same global batch."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from launch import subprocess_env, torchrun
 
 SCRIPT = Path(__file__).parent / "dist" / "one_update.py"
 REPO = Path(__file__).resolve().parents[1]
 
 
 def _env():
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
-    env.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / ".cache" / "torch_extensions"))
-    return env
+    return subprocess_env()
 
 
 def _run(args, nproc):
@@ -31,17 +29,7 @@ def _run_script(name, args, nproc):
     if nproc == 1:
         cmd = [sys.executable, str(script), *args]
     else:
-        cmd = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc_per_node",
-            str(nproc),
-            "--master_port",
-            str(29500 + os.getpid() % 1000),
-            str(script),
-            *args,
-        ]
+        cmd = torchrun(str(script), *args, nproc=nproc)
     res = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=600)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-6000:]
 
@@ -77,14 +65,7 @@ def test_train_policy_runs_under_torchrun(tiny_model, tmp_path, strategy, stage)
     """Generation on sharded parameters (lockstep), held-out eval, checkpoint and export under torchrun."""
     import json
 
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node",
-        "2",
-        "--master_port",
-        str(29700 + os.getpid() % 1000),
+    cmd = torchrun(
         "-m",
         "vlrft",
         "train-policy",
@@ -100,7 +81,7 @@ def test_train_policy_runs_under_torchrun(tiny_model, tmp_path, strategy, stage)
         "logging.wandb=disabled",
         "logging.tensorboard=false",
         "logging.progress_bar=false",
-    ]
+    )
     res = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=900)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-6000:]
     summary = json.loads((tmp_path / "summary.json").read_text())

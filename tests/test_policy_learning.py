@@ -8,12 +8,11 @@ GRPO). DAPO and GSPO, and FSDP2 / ZeRO-2 under torchrun, run the same task and a
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from launch import subprocess_env, torchrun
 
 from vlrft.commands.train_policy import DEMO_CONFIG
 from vlrft.config import load_config
@@ -80,14 +79,7 @@ def test_recipe_learns_to_name_colours(recipe, overrides, tiny_model, tmp_path):
 @pytest.mark.distributed
 @pytest.mark.parametrize("strategy", ["fsdp2", "deepspeed"])
 def test_distributed_strategy_learns(strategy, tiny_model, tmp_path):
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node",
-        "2",
-        "--master_port",
-        str(29600 + os.getpid() % 1000),
+    cmd = torchrun(
         "-m",
         "vlrft",
         "train-policy",
@@ -100,8 +92,8 @@ def test_distributed_strategy_learns(strategy, tiny_model, tmp_path):
         "logging.tensorboard=false",
         "logging.wandb=disabled",
         "logging.progress_bar=false",
-    ]
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    )
+    env = subprocess_env()
     res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3000)
     assert res.returncode == 0, res.stderr[-5000:]
     _assert_learned(json.loads((tmp_path / "summary.json").read_text()), tmp_path)

@@ -6,12 +6,12 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
+from launch import subprocess_env, torchrun
 
 from reward_models.scalar import ScalarRewardModel
 from vlrft.cli import main
@@ -25,26 +25,11 @@ def _metrics(run: Path) -> list[dict]:
 
 
 def _env() -> dict:
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
-    env.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / ".cache" / "torch_extensions"))
-    return env
+    return subprocess_env()
 
 
 def _torchrun(args: list[str], port_offset: int = 0) -> list[str]:
-    port = 29600 + (os.getpid() + port_offset) % 300
-    return [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node",
-        "2",
-        "--master_port",
-        str(port),
-        "-m",
-        "vlrft",
-        "train-reward-model",
-        *args,
-    ]
+    return torchrun("-m", "vlrft", "train-reward-model", *args, port_offset=port_offset)
 
 
 def _state(model_dir: Path) -> dict[str, torch.Tensor]:
