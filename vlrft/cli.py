@@ -66,6 +66,8 @@ def known_failure(exc: BaseException) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if not sys.stderr.isatty():  # a log file: no progress-bar frames from the hub or transformers either
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     argv = list(sys.argv[1:] if argv is None else argv)
     flagged = "--debug" in argv  # accepted after the subcommand too (its own arguments end with overrides)
     args = build_parser().parse_args([a for a in argv if a != "--debug"])
