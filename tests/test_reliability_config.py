@@ -126,3 +126,20 @@ def test_every_shipped_config_still_loads():
         load_config(PolicyTrainConfig, path)
     for path in sorted(glob.glob(str(REPO / "configs" / "reward_model" / "*.yaml"))):
         load_config(RewardModelTrainConfig, path)
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("loss.log_theta=0", "loss.log_theta=0.0: must be > 0"),
+        ("data.eval_fraction=1", "data.eval_fraction=1.0: must be >= 0 and < 1"),
+        ("train.log_every=0", "train.log_every=0: must be >= 1"),
+        ("train.batch_size=0", "train.batch_size=0: must be >= 1"),
+        ("judge.score_max=0", "judge.score_max=0.0: must be > 0"),
+        ("logging.log_every_s=-1", "logging.log_every_s=-1.0: must be >= 0"),
+    ],
+)
+def test_reward_model_values_out_of_range_name_key_value_and_rule(override, message):
+    with pytest.raises(ConfigError) as err:
+        load_config(RewardModelTrainConfig, None, [override])
+    assert str(err.value) == message

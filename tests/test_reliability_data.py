@@ -207,10 +207,17 @@ def test_eval_refuses_records_of_another_task_with_the_counts(tiny_model, shared
 
 @pytest.mark.parametrize(
     "flag, value, rule",
-    [("--temperature", "-1", ">= 0 (0: greedy)"), ("--max-new-tokens", "0", ">= 1"), ("--top-p", "0", "> 0 and <= 1")],
+    [
+        ("--temperature", "-1", ">= 0 (0: greedy)"),
+        ("--max-new-tokens", "0", ">= 1"),
+        ("--top-p", "0", "> 0 and <= 1"),
+        ("--top-p", "2", "> 0 and <= 1"),
+        ("--n", "0", ">= 1"),
+        ("--batch-size", "0", ">= 1"),
+    ],
 )
 def test_eval_refuses_sampling_values_that_make_no_sense(tmp_path, capsys, flag, value, rule):
     args = ["eval", "--benchmark", "gsm8k", "--model", "m", "--data", "d", "--out", str(tmp_path / "e"), flag, value]
     assert vlrft_main(args) == 2
-    shown = value if flag == "--max-new-tokens" else str(float(value))
+    shown = str(float(value)) if flag in ("--temperature", "--top-p") else value
     assert capsys.readouterr().err == f"vlrft eval: config error: {flag} {shown}: must be {rule}\n"
