@@ -143,3 +143,10 @@ def test_reward_model_values_out_of_range_name_key_value_and_rule(override, mess
     with pytest.raises(ConfigError) as err:
         load_config(RewardModelTrainConfig, None, [override])
     assert str(err.value) == message
+
+
+def test_the_ranges_example_in_docs_configs_runs_as_written(capsys):
+    text = (REPO / "docs" / "configs.md").read_text()
+    block = next(b for b in re.findall(r"```python\n(.*?)```", text, re.S) if "rollout.temperature=-1" in b)
+    exec(compile(block, "docs/configs.md", "exec", dont_inherit=True), {"__name__": "docs_example"})
+    assert capsys.readouterr().out == "rollout.temperature=-1.0: must be > 0 for training\n"
