@@ -93,6 +93,13 @@ def test_rollout_batch_must_divide_over_the_ranks_before_any_model_loads(tmp_pat
     preflight_policy(cfg, world=1)  # one process takes any batch
 
 
+def test_the_world_size_comes_from_the_launcher(tmp_path, monkeypatch):
+    cfg = load_config(PolicyTrainConfig, None, ["rollout.rollout_batch_size=3", f"train.output_dir={tmp_path}/out"])
+    monkeypatch.setenv("WORLD_SIZE", "2")  # as torchrun --nproc_per_node=2 sets it
+    with pytest.raises(ConfigError, match=r"rollout.rollout_batch_size=3: must be divisible .* \(2\)"):
+        preflight_policy(cfg)
+
+
 @pytest.mark.parametrize(
     "value", ["{prompt} Answer with one word.", "Q: {prompt}\nA:", "{prompt} (answer: one word, {{no}} braces)"]
 )
