@@ -48,12 +48,17 @@ def test_a_hub_id_that_is_not_cached_offline_says_so(tmp_path):
         preflight_policy(_policy(tmp_path, "model.path=someone/not-here"), world=1)
 
 
-def test_a_model_folder_without_tokenizer_files_is_refused_before_generate(tiny_model, tmp_path):
+def test_a_model_folder_without_tokenizer_files_is_refused_before_generate(tiny_model, tmp_path, capsys):
     folder = shutil.copytree(tiny_model("qwen2"), tmp_path / "m")
     for name in ("tokenizer.json", "tokenizer_config.json"):
         (folder / name).unlink()
     with pytest.raises(ConfigError, match=rf"model.path={folder}: no tokenizer files \(tokenizer.json"):
         preflight_policy(_policy(tmp_path, f"model.path={folder}"), world=1)
+    rc = vlrft_main(
+        ["eval", "--benchmark", "gsm8k", "--model", str(folder), "--data", "d", "--out", str(tmp_path / "e")]
+    )
+    assert rc == 2 and not (tmp_path / "e").exists()  # vlrft eval checks the folder the same way
+    assert capsys.readouterr().err.startswith(f"vlrft eval: config error: --model={folder}: no tokenizer files")
 
 
 def test_a_vision_model_folder_without_processor_files_is_refused(tiny_model, tmp_path):

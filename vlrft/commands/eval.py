@@ -117,6 +117,7 @@ def run(args: argparse.Namespace) -> int:
     from eval.benchmarks import get_benchmark
     from eval.runner import evaluate
     from vlrft.models.loading import load_model, resolve_model_path
+    from vlrft.trainer.preflight import check_model_folder
 
     try:
         bench = get_benchmark(args.benchmark, verifier=args.verifier, prompt_template=args.prompt_template)
@@ -126,6 +127,8 @@ def run(args: argparse.Namespace) -> int:
         path = resolve_model_path(args.model)
     except FileNotFoundError as exc:
         raise ConfigError(f"--model {exc}") from None
+    if Path(path).is_dir():  # config, tokenizer and processor files, before the model loads
+        check_model_folder(path, "--model")
     records = bench.load(args.data, split=args.split, limit=args.limit)
     check_tasks(records, bench, args.data)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
