@@ -191,6 +191,7 @@ def test_train_reward_model_cli_refuses_a_missing_model_with_one_line(tmp_path, 
 def test_eval_model_takes_a_run_folder_and_refuses_a_step_checkpoint(tiny_model, tmp_path, capsys):
     run = tmp_path / "run"
     shutil.copytree(tiny_model("qwen2"), run / "final")
+    capsys.readouterr()  # the tiny model's build output, if it was built here
     step = run / "checkpoints" / "step-000002"
     step.mkdir(parents=True)
     (step / "COMPLETE").write_text("ok\n")
@@ -205,6 +206,7 @@ def test_eval_refuses_records_of_another_task_with_the_counts(tiny_model, shared
     gsm8k = shared_data / "gsm8k" / "test.jsonl"
     n = sum(1 for line in gsm8k.read_text().splitlines() if line.strip())
     args = ["eval", "--benchmark", "geo3k", "--model", str(tiny_model("qwen2")), "--data", str(gsm8k)]
+    capsys.readouterr()  # the tiny model's build output, if it was built here
     assert vlrft_main([*args, "--out", str(tmp_path / "e")]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"vlrft eval: data error: {gsm8k}: {n} of {n} records are not 'geo3k' records")
