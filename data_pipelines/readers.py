@@ -15,7 +15,7 @@ import logging
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from PIL import Image
 
@@ -81,6 +81,7 @@ def read_records(
     image_factor: int = IMAGE_FACTOR,
     config_name: str | None = None,
     limit: int | None = None,
+    check: Callable[[Record], None] | None = None,
 ) -> tuple[list[Record], SkipReport]:
     """Read ``kind`` records from ``source``; returns the records and the pass's :class:`SkipReport`.
 
@@ -89,7 +90,9 @@ def read_records(
     source file's folder). With ``load_images`` each image becomes an RGB ``PIL.Image`` resized within
     ``min_pixels``/``max_pixels`` with sides multiples of ``image_factor`` (28; 32 for Qwen3-VL; see
     :func:`~data_pipelines.images.load_image`, and ``image_bounds(processor)`` for a model's values);
-    without it, images stay as found. ``limit`` stops after that many records kept.
+    without it, images stay as found. ``limit`` stops after that many records kept. ``check(record)``
+    is the caller's own rule for each record (e.g. "a verifier needs ``answer``"): the ``DataError`` it
+    raises is located and raised or counted like any other.
     """
     if kind not in RECORD_TYPES:
         raise ValueError(f"kind must be one of {sorted(RECORD_TYPES)}, got {kind!r}")
@@ -106,13 +109,16 @@ def read_records(
     stem = Path(str(source)).stem or "record"
 
     def make(row: dict[str, Any], row_no: int, index: int) -> Record:
-        return record_from_row(
+        record = record_from_row(
             row,
             kind,
             column_map=column_map,
             default_id=f"{stem}-{row_no}",
             image_kwargs=image_kwargs if load_images else None,
         )
+        if check is not None:
+            check(record)
+        return record
 
     return collect(rows, label, make, on_bad_record=on_bad_record, limit=limit)
 

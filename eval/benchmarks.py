@@ -31,6 +31,7 @@ class Benchmark:
     source: str = ""  # where the data and the protocol come from
     description: str = ""
     split: str = "test"
+    task: str | None = None  # the records' task label (built-in benchmarks); others are refused by vlrft eval
 
     def load(self, data: str | Path, *, split: str | None = None, limit: int | None = None) -> list[PromptRecord]:
         """The benchmark's prompt records from ``data`` (first ``limit`` of them)."""
@@ -103,6 +104,7 @@ BENCHMARKS: dict[str, Benchmark] = {
             load_gsm8k,
             GSM8K_SOURCE,
             "grade-school maths; the number after the last ####, else the last \\boxed{}",
+            task="gsm8k",
         ),
         Benchmark(
             "gsm8k_flexible",
@@ -111,6 +113,7 @@ BENCHMARKS: dict[str, Benchmark] = {
             load_gsm8k,
             GSM8K_SOURCE,
             "as gsm8k, falling back to the last number in the response",
+            task="gsm8k",
         ),
         Benchmark(
             "geo3k",
@@ -119,6 +122,7 @@ BENCHMARKS: dict[str, Benchmark] = {
             load_geo3k,
             GEO3K_SOURCE,
             "geometry diagrams; the last \\boxed{} checked against the right choice's text",
+            task="geo3k",
         ),
         Benchmark(
             "geo3k_mc",
@@ -127,6 +131,7 @@ BENCHMARKS: dict[str, Benchmark] = {
             load_geo3k_mc,
             GEO3K_SOURCE,
             "geometry diagrams with the four choices shown; the boxed letter scored",
+            task="geo3k",
         ),
     )
 }

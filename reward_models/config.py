@@ -37,14 +37,14 @@ class RMDataConfig:
         "datasets folder; empty: the synthetic task below",
     )
     eval_source: str = option("", "held-out records; empty: synthetic held-out set, or eval_fraction of train")
-    eval_fraction: float = option(0.1, "fraction of train_source held out when eval_source is empty")
+    eval_fraction: float = option(0.1, "fraction of train_source held out when eval_source is empty", ge=0, lt=1)
     synthetic_task: str = option(
         "color",
         "synthetic task when train_source is empty",
         choices=("color", "shape", "count_shapes", "triangle_angle"),
     )
-    synthetic_train_size: int = option(512, "synthetic training records")
-    synthetic_eval_size: int = option(128, "synthetic held-out records (drawn with another seed)")
+    synthetic_train_size: int = option(512, "synthetic training records", ge=1)
+    synthetic_eval_size: int = option(128, "synthetic held-out records (drawn with another seed)", ge=1)
     synthetic_seed: int = option(0, "seed of the synthetic training set (held-out uses seed + 1)")
     synthetic_options: dict = option(
         {}, "the synthetic task's options, e.g. {num_colors: 2} (data_pipelines.synthetic)"
@@ -53,8 +53,9 @@ class RMDataConfig:
         1,
         "keep groups of this many consecutive training records in one batch (e.g. 2: a "
         "prompt's right and wrong candidate judged side by side); batch_size should be a multiple",
+        ge=1,
     )
-    max_length: int = option(1024, "longest tokenised prompt+response; longer records are an error")
+    max_length: int = option(1024, "longest tokenised prompt+response; longer records are an error", ge=1)
     system_prompt: str = option("", "system prompt for records that have none (empty: the template's default)")
     on_bad_record: str = option(
         "error", "a bad record stops the run (error) or is counted and skipped", choices=("error", "skip")
@@ -67,7 +68,7 @@ class RMLossConfig:
 
     use_margin: bool = option(True, "subtract each pair's `margin` inside the sigmoid (Llama 2 eq. 2)")
     tie_mode: str = option("half", "ties: BT with target 1/2 (half) or Rao-Kupper", choices=("half", "rao_kupper"))
-    log_theta: float = option(1.0, "Rao-Kupper tau = log(theta) > 0: width of the tie region")
+    log_theta: float = option(1.0, "Rao-Kupper tau = log(theta) > 0: width of the tie region", gt=0)
 
 
 @dataclass
@@ -78,11 +79,13 @@ class RMJudgeConfig:
         "pointwise", "judgment format: pointwise yes/no/score, or pairwise A/B", choices=("pointwise", "pairwise")
     )
     max_new_tokens: int = option(
-        24, "judgment length limit in tokens when evaluating (<answer>yes</answer> is ~11 tiny-tokenizer tokens)"
+        24, "judgment length limit in tokens when evaluating (<answer>yes</answer> is ~11 tiny-tokenizer tokens)", ge=1
     )
-    score_max: float = option(1.0, "pointwise numeric scores are divided by this")
+    score_max: float = option(1.0, "pointwise numeric scores are divided by this", gt=0)
     verdict_loss_weight: float = option(
-        1.0, "loss weight of the verdict tokens (inside the last <answer> tag) relative to the other target tokens"
+        1.0,
+        "loss weight of the verdict tokens (inside the last <answer> tag) relative to the other target tokens",
+        ge=0,
     )
 
 
@@ -91,15 +94,15 @@ class RMTrainConfig:
     """Loop, evaluation and checkpoint settings."""
 
     output_dir: str = option("runs/reward_model", "run folder: config, metrics, checkpoints, final model")
-    max_steps: int = option(200, "optimizer steps")
-    batch_size: int = option(8, "pairs (srm) or records (grm) per step per process")
-    eval_every: int = option(50, "held-out accuracy every N steps (0: only at the end)")
-    eval_batch_size: int = option(16, "batch size for held-out evaluation")
-    max_eval_records: int = option(0, "cap on held-out records per evaluation (0: all)")
-    save_every: int = option(0, "checkpoint every N steps (0: no intermediate checkpoints)")
+    max_steps: int = option(200, "optimizer steps", ge=1)
+    batch_size: int = option(8, "pairs (srm) or records (grm) per step per process", ge=1)
+    eval_every: int = option(50, "held-out accuracy every N steps (0: only at the end)", ge=0)
+    eval_batch_size: int = option(16, "batch size for held-out evaluation", ge=1)
+    max_eval_records: int = option(0, "cap on held-out records per evaluation (0: all)", ge=0)
+    save_every: int = option(0, "checkpoint every N steps (0: no intermediate checkpoints)", ge=0)
     keep_last: int = option(2, "checkpoints kept (older ones deleted)")
     resume: str = option("auto", "auto: resume from the latest complete checkpoint; never; or a checkpoint path")
-    log_every: int = option(10, "log training metrics every N steps")
+    log_every: int = option(10, "log training metrics every N steps", ge=1)
 
     def validate(self) -> None:
         if self.max_steps < 1 or self.batch_size < 1 or self.eval_batch_size < 1:

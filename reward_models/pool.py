@@ -35,6 +35,7 @@ from reward_models.scalar import ScalarRewardModel, score_responses
 from reward_models.verifiers import get_verifier
 from vlrft.algorithms.shaping import combine_rewards
 from vlrft.config import option
+from vlrft.errors import KnownError
 from vlrft.models.loading import load_processor
 
 KINDS = ("verifier", "srm", "grm")
@@ -49,9 +50,11 @@ class RewardSourceConfig:
     verifier: str = option("", "registered verifier name (kind verifier; default: the source's name)")
     verifier_options: dict = option({}, "options of the verifier, e.g. {timeout_s: 2}")
     path: str = option("", "model folder (kind srm: ScalarRewardModel.save_pretrained; grm: a judge checkpoint)")
-    weight: float = option(1.0, "weight in the combined reward when no recipe applies")
-    fallback: Optional[float] = option(None, "reward given when the source fails (null: a failure is an error)")
-    micro_batch_size: int = option(8, "samples per forward (srm, grm)")
+    weight: float = option(1.0, "weight in the combined reward when no recipe applies", finite=True)
+    fallback: Optional[float] = option(
+        None, "reward given when the source fails (null: a failure is an error)", finite=True
+    )
+    micro_batch_size: int = option(8, "samples per forward (srm, grm)", ge=1)
     max_length: int = option(4096, "longest tokenised prompt+response for srm scoring")
     max_new_tokens: int = option(32, "judgment length limit (grm)")
     judge_template: str = option(POINTWISE_JUDGE_TEMPLATE, "judge user text with {prompt} and {response} (grm)")
@@ -88,6 +91,9 @@ class RewardPoolConfig:
             unknown = sorted(set(weights) - set(names))
             if unknown:
                 raise ValueError(f"recipe {task!r} names unknown sources {unknown}; sources: {names}")
+            for name, w in weights.items():
+                if not math.isfinite(w):
+                    raise ValueError(f"reward.recipes.{task}.{name}={w}: must be finite")
 
 
 @dataclass
@@ -97,7 +103,7 @@ class PoolOutput:
     metrics: dict[str, float]
 
 
-class RewardSourceError(RuntimeError):
+class RewardSourceError(KnownError):
     """A reward source failed and has no fallback."""
 
 

@@ -44,6 +44,7 @@ class Verifier:
     """Base class: ``__call__`` applies the response length cap, then :meth:`check`."""
 
     name = "verifier"
+    needs_answer = True  # checks the response against the record's reference answer
 
     def __init__(self, timeout_s: float = DEFAULT_TIMEOUT_S, max_response_chars: int = MAX_RESPONSE_CHARS):
         self.timeout_s = timeout_s
@@ -173,6 +174,7 @@ class FormatVerifier(Verifier):
     ``\\boxed{}`` (one think block, at the start, non-empty reasoning), else 0.0. Needs no answer."""
 
     name = "format"
+    needs_answer = False
 
     def check(self, response, answer, **metadata):
         text = response.strip()
@@ -192,6 +194,7 @@ class LengthPenaltyVerifier(Verifier):
     L is ``metadata['response_length']`` (tokens, as the trainer passes it) when given, else characters."""
 
     name = "length_penalty"
+    needs_answer = False
 
     def __init__(self, max_length: int = 4096, cache_length: int = 1024, **kw):
         super().__init__(**kw)

@@ -190,10 +190,10 @@ def test_cli_user_benchmark_and_compare(tiny_model, tmp_path, capsys):
     assert vlrft_main(["eval", "--benchmark", "gsm8k", "--model", model]) == 2  # missing --data/--out: config error
 
 
-def test_load_model_reads_a_checkpoint_hf_export_and_refuses_missing_models(tiny_model, tmp_path):
-    (tmp_path / "ckpt").mkdir()
-    os.symlink(tiny_model("qwen2"), tmp_path / "ckpt" / "hf")
-    model, tok = load_model(tmp_path / "ckpt")
+def test_load_model_reads_a_run_folders_final_model_and_refuses_missing_models(tiny_model, tmp_path):
+    (tmp_path / "run").mkdir()
+    os.symlink(tiny_model("qwen2"), tmp_path / "run" / "final")
+    model, tok = load_model(tmp_path / "run")
     assert model.config.model_type == "qwen2" and hasattr(tok, "apply_chat_template")
     with pytest.raises(FileNotFoundError, match="hub ids need the network"):
         load_model("someone/not-here")

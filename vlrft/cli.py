@@ -3,13 +3,31 @@
 Each module in ``COMMANDS`` defines ``add_parser(subparsers)``, which registers its subcommand and
 sets ``func`` to the function that runs it. Heavy imports happen inside those functions, so
 ``vlrft --help`` stays fast.
+
+A failure with a known cause (``KNOWN_FAILURES``) prints one line, ``vlrft COMMAND: KIND: MESSAGE``, on
+stderr and exits with code 2; ``--debug`` (or ``VLRFT_DEBUG=1``) shows its traceback too. Any other
+exception keeps its traceback.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+import traceback
+
+from data_pipelines.errors import DataError
+from vlrft.config import ConfigError
+from vlrft.errors import KnownError
+
+# exception class -> the kind named in the one-line message (the first matching class wins; reward-source,
+# checkpoint, run-folder, numerical and distributed failures are KnownError subclasses)
+KNOWN_FAILURES: dict[type[BaseException], str] = {
+    ConfigError: "config error",
+    DataError: "data error",
+    KnownError: "error",
+}
 
 COMMANDS = [
     "vlrft.commands.make_tiny_model",
@@ -26,20 +44,43 @@ def build_parser() -> argparse.ArgumentParser:
         prog="vlrft",
         description="Multimodal reward modeling and reinforcement fine-tuning for Qwen-VL policies.",
     )
+    parser.add_argument(
+        "--debug", action="store_true", help="show the traceback of known failures too (or set VLRFT_DEBUG=1)"
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for module in COMMANDS:
         importlib.import_module(module).add_parser(sub)
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    from vlrft.config import ConfigError
+def known_failure(exc: BaseException) -> str | None:
+    """The kind of a known failure (``"config error"``, ``"data error"``, the ``KnownError`` subclass's name
+    in words), or ``None`` for an unexpected exception."""
+    for cls, kind in KNOWN_FAILURES.items():
+        if isinstance(exc, cls):
+            if kind == "error" and type(exc) is not KnownError:  # RewardSourceError -> "reward source error"
+                name = type(exc).__name__.removesuffix("Error")
+                return "".join(f" {c.lower()}" if c.isupper() else c for c in name).strip() + " error"
+            return kind
+    return None
 
+
+def main(argv: list[str] | None = None) -> int:
+    if not sys.stderr.isatty():  # a log file: no progress-bar frames from the hub or transformers either
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    flagged = "--debug" in argv  # accepted after the subcommand too (its own arguments end with overrides)
+    args = build_parser().parse_args([a for a in argv if a != "--debug"])
+    debug = flagged or os.environ.get("VLRFT_DEBUG", "0") not in ("", "0", "false", "False")
     try:
         return int(args.func(args) or 0)
-    except ConfigError as exc:
-        print(f"vlrft {args.command}: config error: {exc}", file=sys.stderr)
+    except Exception as exc:
+        kind = known_failure(exc)
+        if kind is None:
+            raise
+        if debug:
+            traceback.print_exc()
+        print(f"vlrft {args.command}: {kind}: {exc}", file=sys.stderr)
         return 2
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
+import math
 import typing
 from pathlib import Path
 from typing import Any, TypeVar
@@ -26,14 +27,41 @@ class ConfigError(ValueError):
     """A config value or key that cannot be accepted; the message names where and why."""
 
 
-def option(default: Any = dataclasses.MISSING, help: str = "", choices: tuple | None = None, **kwargs):
-    """A dataclass field with help text and optional allowed values (checked by :func:`load_config`).
+# range rules of numeric options: metadata key -> (test, how the rule reads in an error)
+RANGES = {
+    "gt": (lambda v, b: v > b, "> {}"),
+    "ge": (lambda v, b: v >= b, ">= {}"),
+    "lt": (lambda v, b: v < b, "< {}"),
+    "le": (lambda v, b: v <= b, "<= {}"),
+}
+
+
+def option(
+    default: Any = dataclasses.MISSING,
+    help: str = "",
+    choices: tuple | None = None,
+    *,
+    gt: float | None = None,
+    ge: float | None = None,
+    lt: float | None = None,
+    le: float | None = None,
+    finite: bool = False,
+    why: str = "",
+    **kwargs,
+):
+    """A dataclass field with help text, optional allowed values and an optional numeric range
+    (``gt``/``ge``/``lt``/``le`` bounds; ``finite``: no NaN or infinity), all checked by :func:`load_config`.
+    ``why`` ends the range error (``"for training"``). ``None`` values of optional fields pass.
 
     Mutable defaults (lists, dicts, dataclass instances) are wrapped in a default factory.
     """
-    metadata = {"help": help}
+    metadata: dict[str, Any] = {"help": help}
     if choices is not None:
         metadata["choices"] = tuple(choices)
+    bounds = {k: v for k, v in (("gt", gt), ("ge", ge), ("lt", lt), ("le", le)) if v is not None}
+    if bounds or finite:
+        metadata["range"] = bounds
+        metadata["why"] = why
     if default is not dataclasses.MISSING and (isinstance(default, (list, dict)) or dataclasses.is_dataclass(default)):
         factory = lambda d=default: copy.deepcopy(d)  # noqa: E731
         return dataclasses.field(default_factory=factory, metadata=metadata, **kwargs)
@@ -68,6 +96,26 @@ def _explain(exc: OmegaConfBaseException, schema: type, source: str) -> ConfigEr
     return ConfigError(f"{source}: config key '{key}': {str(exc).splitlines()[0]}")
 
 
+def range_rule(metadata: Any) -> str:
+    """How a field's range reads (``"> 0"``, ``">= 0 and <= 1"``, ``"finite"``); empty without one."""
+    bounds = metadata.get("range")
+    if bounds is None:
+        return ""
+    return " and ".join(RANGES[k][1].format(v) for k, v in bounds.items()) or "finite"
+
+
+def check_range(key: str, value: Any, metadata: Any) -> None:
+    """Raise a :class:`ConfigError` naming ``key``, ``value`` and the rule when ``value`` breaks the
+    field's range (NaN and infinities break every range)."""
+    bounds = metadata.get("range")
+    if bounds is None or value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+        return
+    ok = math.isfinite(value) and all(RANGES[k][0](value, b) for k, b in bounds.items())
+    if not ok:
+        why = f" {metadata['why']}" if metadata.get("why") else ""
+        raise ConfigError(f"{key}={value}: must be {range_rule(metadata)}{why}")
+
+
 def _check_choices(obj: Any, prefix: str = "") -> None:
     for f in dataclasses.fields(obj):
         value = getattr(obj, f.name)
@@ -77,8 +125,13 @@ def _check_choices(obj: Any, prefix: str = "") -> None:
             raise ConfigError(
                 f"config key '{key}' = {value!r} is not allowed; choose one of: {', '.join(map(str, choices))}"
             )
+        check_range(key, value, f.metadata)
         if dataclasses.is_dataclass(value):
             _check_choices(value, key + ".")
+        if isinstance(value, list):
+            for i, item in enumerate(value):
+                if dataclasses.is_dataclass(item):
+                    _check_choices(item, f"{key}[{i}].")
     validate = getattr(obj, "validate", None)
     if callable(validate):
         try:
@@ -118,14 +171,29 @@ def load_config(
             raise ConfigError(f"command-line override {item!r} must look like key.sub=value")
         try:
             cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist([item]))
-        except OmegaConfBaseException as exc:
-            raise _explain(exc, schema, f"command-line override {item!r}") from exc
+        except Exception as exc:  # noqa: BLE001 - YAML errors too: the value is then read as a plain string
+            try:
+                cfg = _merge_plain_string(cfg, item)
+            except OmegaConfBaseException:
+                if isinstance(exc, OmegaConfBaseException):
+                    raise _explain(exc, schema, f"command-line override {item!r}") from exc
+                raise ConfigError(f"command-line override {item!r}: {str(exc).splitlines()[0]}") from exc
     try:
         obj = OmegaConf.to_object(cfg)
     except OmegaConfBaseException as exc:  # e.g. a required value still missing
         raise _explain(exc, schema, "config") from exc
     _check_choices(obj)
     return obj
+
+
+def _merge_plain_string(cfg: Any, item: str) -> Any:
+    """``key.sub=value`` with ``value`` taken as the literal string (a value such as
+    ``{prompt} Answer with one word.`` is not YAML flow syntax but text)."""
+    key, value = item.split("=", 1)
+    node: Any = value
+    for part in reversed(key.strip().split(".")):
+        node = {part: node}
+    return OmegaConf.merge(cfg, OmegaConf.create(node))
 
 
 def to_yaml(cfg: Any) -> str:
@@ -162,5 +230,6 @@ def describe(schema: type, prefix: str = "") -> list[str]:
         tname = getattr(typ, "__name__", str(typ).replace("typing.", ""))
         choices = f.metadata.get("choices")
         extra = f" {{{', '.join(map(str, choices))}}}" if choices else ""
+        extra += f", {range_rule(f.metadata)}" if range_rule(f.metadata) else ""
         lines.append(f"  {key} ({tname}{extra}, default {default!r}): {f.metadata.get('help', '')}")
     return lines

@@ -1,6 +1,10 @@
 """Metrics of training runs (rank 0): ``metrics.jsonl``, TensorBoard, wandb (offline unless
 configured), a tqdm progress bar with ETA and a compact console line per step. Shared by
-``vlrft train-policy`` and ``vlrft train-reward-model``."""
+``vlrft train-policy`` and ``vlrft train-reward-model``.
+
+When stderr is not a terminal (a scheduler's log file), there is no bar: one plain line with the step,
+ETA and the main metrics goes to stderr at the first and last step and every ``logging.log_every_s``
+seconds in between, instead of carriage-return frames and a line per step."""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ import dataclasses
 import json
 import os
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,7 +33,10 @@ class LoggingConfig:
         choices=("offline", "online", "disabled"),
     )
     wandb_project: str = option("vlrft", "wandb project")
-    progress_bar: bool = option(True, "tqdm progress bar with ETA")
+    progress_bar: bool = option(True, "tqdm progress bar with ETA (plain lines when stderr is not a terminal)")
+    log_every_s: float = option(
+        30.0, "stderr not a terminal: seconds between plain progress lines (first and last step always)", ge=0
+    )
 
 
 class Tracker:
@@ -49,6 +57,7 @@ class Tracker:
         self.console_keys = console_keys
         self.out = Path(out_dir)
         self.tb = self.wandb = self.bar = None
+        self.plain = False
         if not active:
             return
         self.out.mkdir(parents=True, exist_ok=True)
@@ -68,7 +77,11 @@ class Tracker:
                 config=dataclasses.asdict(cfg),
                 resume="allow",
             )
-        if log.progress_bar:
+        if log.progress_bar and not sys.stderr.isatty():
+            self.plain, self.desc, self.every = True, desc, log.log_every_s
+            self.start = self.done = start_step
+            self.total, self.t0, self.last_line, self.shown = total_steps, time.monotonic(), None, {}
+        elif log.progress_bar:
             self.bar = tqdm(total=total_steps, initial=start_step, desc=desc, file=sys.stderr, dynamic_ncols=True)
 
     def print(self, text: str) -> None:
@@ -79,6 +92,24 @@ class Tracker:
         if self.bar is not None:
             self.bar.update(1)
             self.bar.set_postfix({name: f"{value:.4f}"})
+        if self.plain:
+            self.done += 1
+            now = time.monotonic()
+            due = self.last_line is None or now - self.last_line >= self.every or self.done >= self.total
+            if due:
+                self.last_line = now
+                sys.stderr.write(self.progress_line(now, {name: value, **self.shown}) + "\n")
+                sys.stderr.flush()
+
+    def progress_line(self, now: float, metrics: dict[str, float]) -> str:
+        """``DESC step N/TOTAL (P%), elapsed H:MM:SS, ETA H:MM:SS: k=v, ...`` (plain progress line)."""
+        elapsed = now - self.t0
+        eta = elapsed / max(1, self.done - self.start) * max(0, self.total - self.done)
+        pct = 100 * self.done / max(1, self.total)
+        clock = lambda t: f"{int(t) // 3600}:{int(t) % 3600 // 60:02d}:{int(t) % 60:02d}"  # noqa: E731
+        values = ", ".join(f"{k}={v:.4g}" for k, v in metrics.items())
+        where = f"{self.desc} step {self.done}/{self.total} ({pct:.0f}%)"
+        return f"{where}, elapsed {clock(elapsed)}, ETA {clock(eta)}: {values}"
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         if not self.active or not metrics:
@@ -96,7 +127,9 @@ class Tracker:
             if self.console_keys is None
             or any(k == c or (c.endswith(("/", "@")) and k.startswith(c)) for c in self.console_keys)
         }
-        if shown:
+        if self.plain:  # shown on the next plain progress line
+            self.shown.update(shown)
+        elif shown:
             self.print(f"step {step}: " + ", ".join(f"{k}={v:.4g}" for k, v in shown.items()))
 
     def close(self) -> None:

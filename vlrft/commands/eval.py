@@ -17,7 +17,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--benchmark", help="gsm8k, gsm8k_flexible, geo3k, geo3k_mc, or a name of your own with --verifier")
     p.add_argument(
         "--model",
-        help="HF model folder, train-policy checkpoint folder (uses its hf/ export) or hub id (online, or cached)",
+        help="HF model folder, train-policy run folder (uses its final/ model) or hub id (online, or cached)",
     )
     p.add_argument(
         "--data", help="benchmark data: GSM8K jsonl/parquet, Geometry3K InterGPS folder or parquet, or prompt records"
@@ -29,7 +29,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--system-prompt", help="system prompt for records without their own")
     p.add_argument("--n", type=int, default=1, help="samples per problem (default 1)")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default 0)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy, > 0 samples (default 0)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling threshold (default 1.0)")
     p.add_argument("--max-new-tokens", type=int, default=512, help="generation length limit (default 512)")
     p.add_argument("--batch-size", type=int, default=8, help="prompts per generate call (default 8)")
@@ -50,6 +50,43 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--compare", nargs="+", metavar="RUN_DIR", help="compare finished runs instead of evaluating")
     p.set_defaults(func=run)
+
+
+def check_sampling_args(args: argparse.Namespace) -> None:
+    """Sampling values that make no sense are refused before the model loads."""
+    from vlrft.config import ConfigError
+
+    rules = (
+        ("--temperature", args.temperature, args.temperature >= 0, ">= 0 (0: greedy)"),
+        ("--top-p", args.top_p, 0 < args.top_p <= 1, "> 0 and <= 1"),
+        ("--max-new-tokens", args.max_new_tokens, args.max_new_tokens >= 1, ">= 1"),
+        ("--n", args.n, args.n >= 1, ">= 1"),
+        ("--batch-size", args.batch_size, args.batch_size >= 1, ">= 1"),
+        ("--limit", args.limit, args.limit is None or args.limit >= 1, ">= 1"),
+    )
+    for flag, value, ok, rule in rules:
+        if not ok or value != value:  # NaN fails every rule
+            raise ConfigError(f"{flag} {value}: must be {rule}")
+
+
+def check_tasks(records: list, bench, data: str) -> None:
+    """A built-in benchmark refuses records of another task (they would silently score 0), with the counts."""
+    from collections import Counter
+
+    from data_pipelines.errors import DataError
+
+    if bench.task is None:
+        return
+    other = Counter(r.task for r in records if r.task != bench.task)
+    if other:
+        found = ", ".join(f"{n} with task {t!r}" for t, n in other.most_common())
+        raise DataError(
+            f"{sum(other.values())} of {len(records)} records are not {bench.task!r} records ({found}), so "
+            f"--benchmark {bench.name} cannot score them; pick the benchmark of their task, or evaluate them as "
+            "your own benchmark (--benchmark NAME --verifier VERIFIER)",
+            category="task mismatch",
+            source=data,
+        )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -73,23 +110,28 @@ def run(args: argparse.Namespace) -> int:
     missing = [f"--{k}" for k in ("benchmark", "model", "data", "out") if getattr(args, k) is None]
     if missing:
         raise ConfigError(f"an evaluation needs {', '.join(missing)} (or use --compare DIR ...)")
+    check_sampling_args(args)
 
     import torch
 
     from eval.benchmarks import get_benchmark
     from eval.runner import evaluate
     from vlrft.models.loading import load_model, resolve_model_path
+    from vlrft.trainer.preflight import check_model_folder
 
     try:
         bench = get_benchmark(args.benchmark, verifier=args.verifier, prompt_template=args.prompt_template)
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
-    records = bench.load(args.data, split=args.split, limit=args.limit)
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    try:  # a model folder, a train-policy checkpoint folder (its hf/ export) or a hub id
+    try:  # a model folder, a train-policy run folder (its final/ model) or a hub id
         path = resolve_model_path(args.model)
     except FileNotFoundError as exc:
-        raise FileNotFoundError(f"--model {exc}") from None
+        raise ConfigError(f"--model {exc}") from None
+    if Path(path).is_dir():  # config, tokenizer and processor files, before the model loads
+        check_model_folder(path, "--model")
+    records = bench.load(args.data, split=args.split, limit=args.limit)
+    check_tasks(records, bench, args.data)
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     model, processor = load_model(path, args.dtype, device)
     image_kwargs = {"max_pixels": args.max_pixels, "min_pixels": None} if args.max_pixels else None
     metrics = evaluate(

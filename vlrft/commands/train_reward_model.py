@@ -27,6 +27,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from reward_models.config import RewardModelTrainConfig
     from reward_models.trainer import train_reward_model
+    from vlrft.trainer.preflight import preflight_reward_model
 
-    train_reward_model(config_from_args(RewardModelTrainConfig, args.items))
+    cfg = config_from_args(RewardModelTrainConfig, args.items)
+    preflight_reward_model(cfg)  # model folder, data, output folder: before anything heavy loads
+    train_reward_model(cfg)
     return 0

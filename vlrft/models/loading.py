@@ -5,7 +5,7 @@ gives ``AutoModelForImageTextToText`` + ``AutoProcessor``, any other ``AutoModel
 ``AutoTokenizer``. With ``lm_head=False`` the model is the base model that ``AutoModel`` builds (the
 scalar reward model's backbone); with ``processor=False`` no processor is read (``None`` comes back).
 
-``path`` is an HF model folder, a ``train-policy`` checkpoint folder (its ``hf/`` export is read) or a
+``path`` is an HF model folder, a ``train-policy`` run folder (its ``final/`` model is read) or a
 hub id, which is looked up only when online or already in the local cache. Importing this module
 imports ``vlrft.models``, which registers the image-only Qwen-VL processors, so tiny model folders load
 on machines without torchvision.
@@ -44,19 +44,29 @@ def _cached(repo_id: str) -> bool:
 
 
 def resolve_model_path(path: str | Path) -> str:
-    """The folder (or hub id) to load ``path`` from: a folder with ``config.json``, else its ``hf/``
-    subfolder; a name that is no folder is a hub id, refused offline unless it is cached."""
+    """The folder (or hub id) to load ``path`` from: a folder with ``config.json``, else a run folder's
+    ``final/`` model (``vlrft train-policy``; ``model/`` of ``vlrft train-reward-model``); a training
+    checkpoint (``step-NNNNNN``: sharded training state, no model files) is refused with the folder to use
+    instead; a name that is no folder is a hub id, refused offline unless it is cached."""
 
     folder = Path(path).expanduser()
     if folder.exists():
-        if (folder / "hf" / "config.json").is_file():
-            folder = folder / "hf"
-        if not (folder / "config.json").is_file():
+        if (folder / "config.json").is_file():
+            return str(folder)
+        for sub in ("final", "model"):
+            if (folder / sub / "config.json").is_file():
+                return str(folder / sub)
+        if folder.name.startswith("step-") or (folder / "COMPLETE").is_file():
+            run = folder.parent.parent if folder.parent.name.endswith("checkpoints") else folder.parent
             raise FileNotFoundError(
-                f"{path}: no config.json there (nor in its hf/ subfolder); want an HF "
-                "model folder or a train-policy checkpoint folder"
+                f"{path}: a training checkpoint (sharded training state), not a model folder; use the run "
+                f"folder {run} (its final/ model, written when training ends: resume the run with "
+                "train.resume=auto to finish it) or any folder written by save_pretrained"
             )
-        return str(folder)
+        raise FileNotFoundError(
+            f"{path}: no config.json there (nor in a final/ subfolder); want an HF model folder or a "
+            "train-policy run folder"
+        )
     if _offline() and not _cached(str(path)):
         raise FileNotFoundError(f"{path}: no such folder, and hub ids need the network (HF_HUB_OFFLINE is set)")
     return str(path)

@@ -13,11 +13,13 @@ from dataclasses import dataclass
 from reward_models.pool import RewardPoolConfig, RewardSourceConfig
 from vlrft.algorithms import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, LOSS_AGG_MODES, POLICY_LOSSES
 from vlrft.archs import ARCHS
-from vlrft.config import option
+from vlrft.config import ConfigError, option
 from vlrft.strategies.base import OptimConfig, StrategyConfig
 from vlrft.tracking import LoggingConfig
 
 SYNTHETIC_PREFIX = "synthetic:"
+# advantage estimators with a per-prompt group baseline: they need n_samples_per_prompt >= 2
+GROUP_ESTIMATORS = ("grpo", "rloo", "cpgd", "reinforce_plus_plus_baseline")
 
 # The embedded default: one rule verifier that reads the answer word of a synthetic task's response.
 DEFAULT_REWARD = RewardPoolConfig(
@@ -31,8 +33,8 @@ class PolicyModelConfig:
 
     path: str = option("", "HF model folder or hub id (online, or cached); empty: build a tiny model")
     tiny_arch: str = option("qwen2_5_vl", "architecture of the tiny model built when path is empty", choices=ARCHS)
-    tiny_hidden: int = option(64, "hidden size of that tiny model")
-    tiny_layers: int = option(2, "decoder layers of that tiny model")
+    tiny_hidden: int = option(64, "hidden size of that tiny model", ge=8)
+    tiny_layers: int = option(2, "decoder layers of that tiny model", ge=1)
     dtype: str = option("float32", "parameter dtype when loading", choices=("float32", "bfloat16"))
 
 
@@ -46,14 +48,14 @@ class PolicyDataConfig:
         "(color, shape, count_shapes, triangle_angle)",
     )
     eval_source: str = option("synthetic:color", "held-out prompt records (same forms); empty: no held-out eval")
-    synthetic_train_size: int = option(1024, "prompts drawn for a synthetic train_source")
-    synthetic_eval_size: int = option(64, "prompts drawn for a synthetic eval_source (another seed)")
+    synthetic_train_size: int = option(1024, "prompts drawn for a synthetic train_source", ge=1)
+    synthetic_eval_size: int = option(64, "prompts drawn for a synthetic eval_source (another seed)", ge=1)
     synthetic_options: dict = option({}, "options of the synthetic task, e.g. {num_colors: 4}")
     system_prompt: str = option("", "system prompt for records without one (empty: the chat template's)")
     prompt_template: str = option(
         "plain", "name in PROMPT_TEMPLATES (plain, math_boxed, gsm8k, ...) or a format string with {prompt}"
     )
-    max_prompt_length: int = option(2048, "longer prompts (image tokens included) are filtered, counted")
+    max_prompt_length: int = option(2048, "longer prompts (image tokens included) are filtered, counted", ge=1)
     on_bad_record: str = option(
         "error", "a bad record stops the run (error) or is counted and skipped", choices=("error", "skip")
     )
@@ -65,13 +67,15 @@ class RolloutConfig:
     """Sampling of responses."""
 
     engine: str = option("hf", "rollout engine (hf: batched generate on the policy itself)", choices=("hf",))
-    rollout_batch_size: int = option(16, "prompts per RL step (global, over all ranks)")
-    n_samples_per_prompt: int = option(8, "responses sampled per prompt (the group size)")
-    micro_rollout_batch_size: int = option(16, "prompts per generate call per rank")
-    temperature: float = option(1.0, "sampling temperature (0: greedy)")
-    top_p: float = option(1.0, "nucleus sampling threshold")
-    top_k: int = option(0, "top-k filtering (0: off)")
-    max_new_tokens: int = option(16, "response length limit")
+    rollout_batch_size: int = option(16, "prompts per RL step (global, over all ranks)", ge=1)
+    n_samples_per_prompt: int = option(8, "responses sampled per prompt (the group size)", ge=1)
+    micro_rollout_batch_size: int = option(16, "prompts per generate call per rank", ge=1)
+    temperature: float = option(
+        1.0, "sampling temperature (> 0: greedy groups are identical and give no gradient)", gt=0, why="for training"
+    )
+    top_p: float = option(1.0, "nucleus sampling threshold", gt=0, le=1)
+    top_k: int = option(0, "top-k filtering (0: off)", ge=0)
+    max_new_tokens: int = option(16, "response length limit", ge=1)
     stop: list = option([], "stop strings (kept in the response)")
 
 
@@ -86,28 +90,32 @@ class AlgorithmConfig:
         choices=("", "group", "batch", "none"),
     )
     policy_loss: str = option("ppo", "policy loss", choices=tuple(POLICY_LOSSES))
-    clip_low: float = option(0.2, "lower clip range: ratio >= 1 - clip_low")
-    clip_high: float = option(0.2, "upper clip range: ratio <= 1 + clip_high (DAPO clip-higher: 0.28)")
-    dual_clip: float = option(0.0, "dual-clip constant c > 1 for negative advantages (0: off; ppo only)")
+    clip_low: float = option(0.2, "lower clip range: ratio >= 1 - clip_low", ge=0, le=1)
+    clip_high: float = option(0.2, "upper clip range: ratio <= 1 + clip_high (DAPO clip-higher: 0.28)", ge=0)
+    dual_clip: float = option(0.0, "dual-clip constant c > 1 for negative advantages (0: off; ppo only)", ge=0)
     loss_agg_mode: str = option("token-mean", "how per-token losses become one loss", choices=LOSS_AGG_MODES)
-    kl_coef: float = option(0.0, "KL weight (0: no reference model is loaded)")
+    kl_coef: float = option(0.0, "KL weight (0: no reference model is loaded)", ge=0)
     kl_estimator: str = option("k3", "KL estimator", choices=KL_ESTIMATORS)
     use_kl_loss: bool = option(True, "KL as a loss term (GRPO); false: as a per-token reward penalty (PPO)")
-    kl_target: float = option(0.0, "adaptive KL controller target (0: fixed kl_coef)")
-    kl_horizon: int = option(10000, "adaptive KL controller horizon")
-    entropy_coef: float = option(0.0, "entropy bonus weight")
-    gamma: float = option(1.0, "discount (gae, reinforce_plus_plus)")
-    lam: float = option(1.0, "GAE lambda")
-    value_clip: float = option(0.2, "value-loss clip range around the rollout-time values (ppo with critic; 0: off)")
-    value_coef: float = option(0.5, "value-loss weight (ppo with critic)")
+    kl_target: float = option(0.0, "adaptive KL controller target (0: fixed kl_coef)", ge=0)
+    kl_horizon: int = option(10000, "adaptive KL controller horizon", ge=1)
+    entropy_coef: float = option(0.0, "entropy bonus weight", finite=True)
+    gamma: float = option(1.0, "discount (gae, reinforce_plus_plus)", ge=0, le=1)
+    lam: float = option(1.0, "GAE lambda", ge=0, le=1)
+    value_clip: float = option(
+        0.2, "value-loss clip range around the rollout-time values (ppo with critic; 0: off)", ge=0
+    )
+    value_coef: float = option(0.5, "value-loss weight (ppo with critic)", ge=0)
     dynamic_sampling: bool = option(False, "DAPO: drop zero-variance groups and draw more prompts")
-    max_sampling_tries: int = option(4, "DAPO: generation rounds per step before training on what is kept")
-    overlong_buffer_len: int = option(0, "DAPO soft overlong punishment buffer (0: off)")
-    overlong_penalty_factor: float = option(1.0, "DAPO overlong penalty at the length limit")
-    reward_clip: float = option(0.0, "clip rewards to [-c, c] (0: off)")
+    max_sampling_tries: int = option(4, "DAPO: generation rounds per step before training on what is kept", ge=1)
+    overlong_buffer_len: int = option(0, "DAPO soft overlong punishment buffer (0: off)", ge=0)
+    overlong_penalty_factor: float = option(1.0, "DAPO overlong penalty at the length limit", ge=0)
+    reward_clip: float = option(0.0, "clip rewards to [-c, c] (0: off)", ge=0)
     normalize_rewards: bool = option(False, "running mean/std reward normalisation")
-    high_entropy_rho: float = option(1.0, "train only on the top rho fraction of tokens by entropy (1: all)")
-    policy_drift_coef: float = option(0.1, "CPGD policy-drift weight")
+    high_entropy_rho: float = option(
+        1.0, "train only on the top rho fraction of tokens by entropy (1: all)", gt=0, le=1
+    )
+    policy_drift_coef: float = option(0.1, "CPGD policy-drift weight", ge=0)
 
 
 @dataclass
@@ -119,7 +127,7 @@ class CriticConfig:
         "an SRM folder (vlrft train-reward-model: the critic starts from the reward model, as "
         "in InstructGPT/OpenRLHF) or a Qwen(-VL) checkpoint (a fresh value head); empty: the policy's",
     )
-    lr: float = option(5e-6, "critic learning rate (the rest of optim.* is shared with the policy)")
+    lr: float = option(5e-6, "critic learning rate (the rest of optim.* is shared with the policy)", gt=0)
 
 
 @dataclass
@@ -127,20 +135,20 @@ class PolicyTrainLoopConfig:
     """Loop, evaluation, checkpoints."""
 
     output_dir: str = option("runs/train-policy", "run folder: config, metrics, samples, checkpoints, final model")
-    num_episodes: int = option(1, "passes over the training prompts")
-    max_steps: int = option(60, "RL steps (0: num_episodes over the data)")
+    num_episodes: int = option(1, "passes over the training prompts", ge=1)
+    max_steps: int = option(60, "RL steps (0: num_episodes over the data)", ge=0)
     train_batch_size: int = option(
-        0, "samples per optimizer step, global (0: the whole rollout batch: one on-policy update)"
+        0, "samples per optimizer step, global (0: the whole rollout batch: one on-policy update)", ge=0
     )
-    micro_train_batch_size: int = option(32, "samples per forward/backward per rank")
-    max_epochs: int = option(1, "passes over each rollout batch (PPO epochs)")
-    eval_every: int = option(20, "held-out evaluation every N steps (0: only before and after)")
-    eval_temperature: float = option(0.0, "held-out evaluation temperature (0: greedy)")
-    eval_n: int = option(1, "responses per held-out prompt (pass@k for k <= eval_n)")
-    save_every: int = option(0, "checkpoint every N steps (0: only at the end)")
+    micro_train_batch_size: int = option(32, "samples per forward/backward per rank", ge=1)
+    max_epochs: int = option(1, "passes over each rollout batch (PPO epochs)", ge=1)
+    eval_every: int = option(20, "held-out evaluation every N steps (0: only before and after)", ge=0)
+    eval_temperature: float = option(0.0, "held-out evaluation temperature (0: greedy)", ge=0)
+    eval_n: int = option(1, "responses per held-out prompt (pass@k for k <= eval_n)", ge=1)
+    save_every: int = option(0, "checkpoint every N steps (0: only at the end)", ge=0)
     keep_last: int = option(2, "checkpoints kept")
     resume: str = option("auto", "auto: newest complete checkpoint in output_dir; never; or a checkpoint path")
-    log_samples: int = option(4, "trajectories written to samples.jsonl per step")
+    log_samples: int = option(4, "trajectories written to samples.jsonl per step", ge=0)
     accuracy_source: str = option(
         "", "reward source whose score > 0.5 counts as correct (empty: the first verifier source)"
     )
@@ -164,8 +172,12 @@ class PolicyTrainConfig:
 
     def validate(self) -> None:
         r, t = self.rollout, self.train
-        if r.n_samples_per_prompt < 1 or r.rollout_batch_size < 1:
-            raise ValueError("rollout.n_samples_per_prompt and rollout.rollout_batch_size must be >= 1")
+        if self.algorithm.advantage_estimator in GROUP_ESTIMATORS and r.n_samples_per_prompt < 2:
+            raise ConfigError(
+                f"rollout.n_samples_per_prompt={r.n_samples_per_prompt}: must be >= 2 for "
+                f"algorithm.advantage_estimator={self.algorithm.advantage_estimator} (a group baseline needs two "
+                "samples per prompt); use reinforce_plus_plus for one sample per prompt"
+            )
         total = r.rollout_batch_size * r.n_samples_per_prompt
         if t.train_batch_size and total % t.train_batch_size:
             raise ValueError(

@@ -22,6 +22,7 @@ from vlrft.tracking import Tracker
 from vlrft.trainer.config import SYNTHETIC_PREFIX, PolicyTrainConfig
 from vlrft.trainer.heldout import heldout_eval
 from vlrft.trainer.policy_trainer import PolicyTrainer
+from vlrft.trainer.preflight import model_key, preflight_policy, record_check
 from vlrft.trainer.summary import write_summary
 
 # the console line of a step (everything goes to metrics.jsonl, TensorBoard and wandb)
@@ -61,12 +62,14 @@ def load_prompt_records(
     if source.startswith(SYNTHETIC_PREFIX):
         return make_prompt_records(source[len(SYNTHETIC_PREFIX) :], size, seed=seed, **cfg.data.synthetic_options)
 
-    bounds = image_bounds(processor) if getattr(processor, "image_processor", None) is not None else {}
+    vision = getattr(processor, "image_processor", None) is not None
+    bounds = image_bounds(processor) if vision else {}
     records, _ = read_records(
         source,
         kind="prompt",
         column_map=dict(cfg.data.column_map) or None,
         on_bad_record=cfg.data.on_bad_record,
+        check=record_check(cfg.reward, vision, model_key(cfg)),
         **bounds,
     )
     return records
@@ -75,6 +78,7 @@ def load_prompt_records(
 def train_policy(cfg: PolicyTrainConfig) -> dict[str, Any]:
     """Run ``vlrft train-policy`` with a resolved config; returns the summary (also in summary.json)."""
 
+    preflight_policy(cfg)  # config, model folder, data, output folder: before anything heavy loads
     out = Path(cfg.train.output_dir)
     strategy = make_strategy(cfg.strategy, cfg.optim)
     seed_everything(cfg.train.seed + strategy.rank)

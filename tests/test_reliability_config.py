@@ -1,0 +1,159 @@
+"""Values that make no sense are refused at load, each error naming the key, the value and the rule
+(issue 11: "Values that make no sense are accepted silently", "Late and misleading errors")."""
+
+from __future__ import annotations
+
+import glob
+import re
+from pathlib import Path
+
+import pytest
+
+from reward_models.config import RewardModelTrainConfig
+from vlrft.config import ConfigError, describe, load_config
+from vlrft.trainer.config import PolicyTrainConfig
+from vlrft.trainer.preflight import preflight_policy
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _refused(overrides: list[str], path=None) -> str:
+    with pytest.raises(ConfigError) as err:
+        load_config(PolicyTrainConfig, path, overrides)
+    return str(err.value)
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("rollout.temperature=0", "rollout.temperature=0.0: must be > 0 for training"),
+        ("rollout.temperature=-1", "rollout.temperature=-1.0: must be > 0 for training"),
+        ("rollout.temperature=.nan", "rollout.temperature=nan: must be > 0 for training"),
+        ("algorithm.kl_coef=-0.5", "algorithm.kl_coef=-0.5: must be >= 0"),
+        ("algorithm.clip_high=-0.1", "algorithm.clip_high=-0.1: must be >= 0"),
+        ("algorithm.clip_low=1.5", "algorithm.clip_low=1.5: must be >= 0 and <= 1"),
+        ("algorithm.clip_low=-0.2", "algorithm.clip_low=-0.2: must be >= 0 and <= 1"),
+        ("rollout.top_p=0", "rollout.top_p=0.0: must be > 0 and <= 1"),
+        ("rollout.top_p=2", "rollout.top_p=2.0: must be > 0 and <= 1"),
+        ("train.micro_train_batch_size=0", "train.micro_train_batch_size=0: must be >= 1"),
+        ("train.max_steps=-3", "train.max_steps=-3: must be >= 0"),
+        ("rollout.max_new_tokens=0", "rollout.max_new_tokens=0: must be >= 1"),
+        ("rollout.rollout_batch_size=0", "rollout.rollout_batch_size=0: must be >= 1"),
+        ("algorithm.gamma=1.5", "algorithm.gamma=1.5: must be >= 0 and <= 1"),
+        ("algorithm.entropy_coef=.inf", "algorithm.entropy_coef=inf: must be finite"),
+        ("optim.lr=1e-5", None),  # accepted: a sane value still loads
+    ],
+)
+def test_a_value_out_of_range_names_key_value_and_rule(override, message):
+    if message is None:
+        assert load_config(PolicyTrainConfig, None, [override]).optim.lr == 1e-5
+        return
+    assert _refused([override]) == message
+
+
+@pytest.mark.parametrize("estimator", ["grpo", "rloo", "cpgd", "reinforce_plus_plus_baseline"])
+def test_group_estimators_refuse_one_sample_per_prompt(estimator):
+    msg = _refused([f"algorithm.advantage_estimator={estimator}", "rollout.n_samples_per_prompt=1"])
+    assert msg.startswith(f"rollout.n_samples_per_prompt=1: must be >= 2 for algorithm.advantage_estimator={estimator}")
+    assert "reinforce_plus_plus" in msg  # says what to do
+
+
+def test_one_sample_per_prompt_is_fine_without_a_group_baseline():
+    cfg = load_config(
+        PolicyTrainConfig, None, ["algorithm.advantage_estimator=reinforce_plus_plus", "rollout.n_samples_per_prompt=1"]
+    )
+    assert cfg.rollout.n_samples_per_prompt == 1
+
+
+@pytest.mark.parametrize("field", ["weight", "fallback"])
+def test_reward_weight_and_fallback_must_be_finite(tmp_path, field):
+    cfg = tmp_path / "r.yaml"
+    cfg.write_text(
+        "reward:\n  sources:\n    - name: acc\n      kind: verifier\n"
+        f"      verifier: vocab_answer\n      {field}: .nan\n"
+    )
+    assert _refused([], cfg) == f"reward.sources[0].{field}=nan: must be finite"
+
+
+def test_a_recipe_weight_must_be_finite(tmp_path):
+    cfg = tmp_path / "r.yaml"
+    cfg.write_text(
+        "reward:\n  sources:\n    - name: acc\n      verifier: vocab_answer\n  recipes:\n    default: {acc: .inf}\n"
+    )
+    assert "reward.recipes.default.acc=inf: must be finite" in _refused([], cfg)
+
+
+def test_rollout_batch_must_divide_over_the_ranks_before_any_model_loads(tmp_path):
+    cfg = load_config(PolicyTrainConfig, None, ["rollout.rollout_batch_size=3", f"train.output_dir={tmp_path}/out"])
+    with pytest.raises(
+        ConfigError, match=r"rollout.rollout_batch_size=3: must be divisible by the number of processes \(2\)"
+    ):
+        preflight_policy(cfg, world=2)
+    assert not (tmp_path / "out").exists()  # nothing was built or written
+    preflight_policy(cfg, world=1)  # one process takes any batch
+
+
+def test_the_world_size_comes_from_the_launcher(tmp_path, monkeypatch):
+    cfg = load_config(PolicyTrainConfig, None, ["rollout.rollout_batch_size=3", f"train.output_dir={tmp_path}/out"])
+    monkeypatch.setenv("WORLD_SIZE", "2")  # as torchrun --nproc_per_node=2 sets it
+    with pytest.raises(ConfigError, match=r"rollout.rollout_batch_size=3: must be divisible .* \(2\)"):
+        preflight_policy(cfg)
+
+
+@pytest.mark.parametrize(
+    "value", ["{prompt} Answer with one word.", "Q: {prompt}\nA:", "{prompt} (answer: one word, {{no}} braces)"]
+)
+def test_a_dotted_override_with_braces_or_colons_is_a_plain_string(value):
+    cfg = load_config(PolicyTrainConfig, None, [f"data.prompt_template={value}", "data.system_prompt=Role: tutor"])
+    assert cfg.data.prompt_template == value and cfg.data.system_prompt == "Role: tutor"
+
+
+def test_a_template_without_prompt_or_with_other_fields_is_refused_before_loading(tmp_path):
+    for value, found in (("Answer with one word.", "none"), ("{prompt} {answer}", "['answer', 'prompt']")):
+        cfg = load_config(PolicyTrainConfig, None, [f"data.prompt_template={value}", f"train.output_dir={tmp_path}"])
+        with pytest.raises(ConfigError, match=re.escape(f"(found {found})")):
+            preflight_policy(cfg, world=1)
+
+
+def test_wrong_types_still_name_the_key():
+    assert "train.max_steps" in _refused(["train.max_steps=abc"])
+    assert "unknown config key 'rollout.temprature'" in _refused(["rollout.temprature=1"])
+
+
+def test_help_shows_the_ranges():
+    lines = "\n".join(describe(PolicyTrainConfig))
+    assert "rollout.temperature (float, > 0, default 1.0)" in lines
+    assert "rollout.top_p (float, > 0 and <= 1, default 1.0)" in lines
+
+
+def test_every_shipped_config_still_loads():
+    for path in sorted(glob.glob(str(REPO / "configs" / "policy" / "*.yaml"))) + [
+        str(REPO / "vlrft" / "trainer" / "demo.yaml")
+    ]:
+        load_config(PolicyTrainConfig, path)
+    for path in sorted(glob.glob(str(REPO / "configs" / "reward_model" / "*.yaml"))):
+        load_config(RewardModelTrainConfig, path)
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("loss.log_theta=0", "loss.log_theta=0.0: must be > 0"),
+        ("data.eval_fraction=1", "data.eval_fraction=1.0: must be >= 0 and < 1"),
+        ("train.log_every=0", "train.log_every=0: must be >= 1"),
+        ("train.batch_size=0", "train.batch_size=0: must be >= 1"),
+        ("judge.score_max=0", "judge.score_max=0.0: must be > 0"),
+        ("logging.log_every_s=-1", "logging.log_every_s=-1.0: must be >= 0"),
+    ],
+)
+def test_reward_model_values_out_of_range_name_key_value_and_rule(override, message):
+    with pytest.raises(ConfigError) as err:
+        load_config(RewardModelTrainConfig, None, [override])
+    assert str(err.value) == message
+
+
+def test_the_ranges_example_in_docs_configs_runs_as_written(capsys):
+    text = (REPO / "docs" / "configs.md").read_text()
+    block = next(b for b in re.findall(r"```python\n(.*?)```", text, re.S) if "rollout.temperature=-1" in b)
+    exec(compile(block, "docs/configs.md", "exec", dont_inherit=True), {"__name__": "docs_example"})
+    assert capsys.readouterr().out == "rollout.temperature=-1.0: must be > 0 for training\n"

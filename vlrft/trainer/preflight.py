@@ -1,0 +1,232 @@
+"""Checks before anything heavy loads: a run that will fail for its configuration fails in its first seconds.
+
+``preflight_policy(cfg, world_size)`` (``vlrft train-policy``) and ``preflight_reward_model(cfg)``
+(``vlrft train-reward-model``) check, before any model is built: the ranks that the world size needs,
+the prompt template, the output folder (a file where the final model goes is refused), the model folder
+(``config.json``, tokenizer and, for a vision-language model, processor files; a missing local path is
+"no such folder", never the hub's "Repo id" message), the reward sources, and every data record (read
+without decoding images) for the fields the configured reward sources need and for images a text-only
+model cannot take. Each failure is a :class:`~vlrft.config.ConfigError` naming the key and value, or a
+located :class:`~data_pipelines.errors.DataError` (file, line, field, record id); with
+``on_bad_record=skip`` bad records are counted instead, and the run reads them with the same
+:func:`record_check`, so it skips exactly those.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import string
+from pathlib import Path
+from typing import Any, Callable
+
+from data_pipelines.errors import DataError
+from data_pipelines.formatting import PROMPT_TEMPLATES
+from data_pipelines.readers import SkipReport, read_records
+from data_pipelines.records import PromptRecord
+from data_pipelines.sources import FILE_FORMATS
+from reward_models.config import RewardModelTrainConfig
+from reward_models.pool import RewardPoolConfig
+from reward_models.verifiers import VERIFIERS, get_verifier
+from vlrft.archs import VL_ARCHS
+from vlrft.config import ConfigError
+from vlrft.models.loading import _cached, _offline
+from vlrft.trainer.config import SYNTHETIC_PREFIX, PolicyTrainConfig
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
+PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json")
+
+
+def world_size() -> int:
+    """The number of processes of this launch (torchrun's ``WORLD_SIZE``; 1 without a launcher)."""
+    return int(os.environ.get("WORLD_SIZE", "1") or 1)
+
+
+def path_like(value: str) -> bool:
+    """Whether ``value`` was meant as a local path rather than a hub id (``org/name``)."""
+    return (
+        value.startswith(("/", ".", "~"))
+        or value.count("/") > 1
+        or value.endswith("/")
+        or "\\" in value
+        or Path(value).suffix.lower() in FILE_FORMATS
+    )
+
+
+def check_model_folder(path: str, key: str) -> dict[str, Any] | None:
+    """The ``config.json`` of the model folder ``path`` (``key`` names the config key in errors), or
+    ``None`` for a hub id (which must be cached when offline)."""
+    folder = Path(path).expanduser()
+    if not folder.exists():
+        if path_like(path):
+            raise ConfigError(f"{key}={path}: no such folder")
+        if _offline() and not _cached(path):
+            raise ConfigError(
+                f"{key}={path}: no such folder, and as a hub id it is not in the local cache (HF_HUB_OFFLINE is set)"
+            )
+        return None
+    if not folder.is_dir():
+        raise ConfigError(f"{key}={path}: not a folder (want an HF model folder with config.json)")
+    if not (folder / "config.json").is_file():
+        hint = next(
+            (f"; use {folder / sub}" for sub in ("final", "hf", "model") if (folder / sub / "config.json").is_file()),
+            "; want an HF model folder (save_pretrained)",
+        )
+        raise ConfigError(f"{key}={path}: no config.json in this folder{hint}")
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{key}={path}: config.json is not readable JSON ({exc})") from exc
+    if not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        raise ConfigError(
+            f"{key}={path}: no tokenizer files ({', '.join(TOKENIZER_FILES)}); save the tokenizer (or processor) "
+            "next to the model, e.g. copy them from the base model"
+        )
+    if config.get("vision_config") is not None and not any((folder / n).is_file() for n in PROCESSOR_FILES):
+        raise ConfigError(
+            f"{key}={path}: a vision-language model without processor files ({', '.join(PROCESSOR_FILES)}); "
+            "save its processor next to it (processor.save_pretrained)"
+        )
+    return config
+
+
+def check_output_dir(path: str, key: str, final: str) -> None:
+    """``path`` can hold a run: not a file, writable, and no file where the final model folder ``final`` goes."""
+    out = Path(path).expanduser()
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"{key}={path}: is a file, not a folder")
+    if (out / final).exists() and not (out / final).is_dir():
+        raise ConfigError(
+            f"{key}={path}: {out / final} is a file, but the final model is written into a folder of that name; "
+            f"remove or rename it, or choose another {key}"
+        )
+    existing = next(p for p in (out, *out.absolute().parents) if p.exists())
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"{key}={path}: {existing} is not writable")
+
+
+def check_template(template: str, key: str) -> None:
+    """A ``PROMPT_TEMPLATES`` name, or a format string whose only field is ``{prompt}``."""
+    if template in PROMPT_TEMPLATES:
+        return
+    try:
+        fields = {name for _, name, _, _ in string.Formatter().parse(template) if name is not None}
+    except ValueError as exc:
+        raise ConfigError(
+            f"{key}={template!r}: not a format string ({exc}); write literal braces as {{{{ }}}}"
+        ) from exc
+    if fields != {"prompt"}:
+        raise ConfigError(
+            f"{key}={template!r}: want a name in PROMPT_TEMPLATES ({', '.join(PROMPT_TEMPLATES)}) or a format string "
+            f"whose only field is {{prompt}} (found {sorted(fields) or 'none'})"
+        )
+
+
+def _sources_for(pool: RewardPoolConfig, task: str) -> list:
+    recipe = pool.recipes.get(task, pool.recipes.get("default"))
+    return [s for s in pool.sources if recipe is None or s.name in recipe]
+
+
+def record_check(pool: RewardPoolConfig, vision: bool, model_key: str) -> Callable[[PromptRecord], None]:
+    """The per-record rule of a run: each verifier that scores a record's task and needs a reference answer
+    finds one; a text-only model gets no images. Raises a ``DataError`` (located by the reader)."""
+    for i, s in enumerate(pool.sources):
+        name = s.verifier or s.name
+        if s.kind == "verifier" and name not in VERIFIERS:
+            raise ConfigError(f"reward.sources[{i}].verifier={name}: unknown verifier; known: {', '.join(VERIFIERS)}")
+
+    def check(record: PromptRecord) -> None:
+        for s in _sources_for(pool, record.task):
+            if s.kind == "verifier" and get_verifier(s.verifier or s.name).needs_answer:
+                if record.answer is None or not str(record.answer).strip():
+                    raise DataError(
+                        f"record {record.id!r} has no answer, which reward source {s.name!r} "
+                        f"(verifier {s.verifier or s.name}) needs",
+                        category="missing answer",
+                        field="answer",
+                    )
+        if record.images and not vision:
+            raise DataError(
+                f"record {record.id!r} has {len(record.images)} image(s), but the model ({model_key}) is text-only",
+                category="images for a text-only model",
+                field="images",
+            )
+
+    return check
+
+
+def check_data_source(
+    source: str, key: str, kind: str, on_bad_record: str, check: Callable | None = None, column_map: Any = None
+) -> SkipReport:
+    """Read every record of ``source`` (images not decoded) through ``check``; a missing local file is a
+    ``ConfigError`` naming ``key``."""
+    if path_like(source) and not Path(source).expanduser().exists():
+        raise ConfigError(f"{key}={source}: no such file or folder")
+    _, report = read_records(
+        source,
+        kind,
+        column_map=dict(column_map or {}) or None,
+        on_bad_record=on_bad_record,
+        load_images=False,
+        check=check,
+    )
+    return report
+
+
+def model_key(cfg: PolicyTrainConfig) -> str:
+    """How errors name the policy: its ``model.path``, or the tiny architecture built without one."""
+    return f"model.path={cfg.model.path}" if cfg.model.path else f"model.tiny_arch={cfg.model.tiny_arch}"
+
+
+def preflight_policy(cfg: PolicyTrainConfig, world: int | None = None) -> dict[str, SkipReport]:
+    """Every check of ``vlrft train-policy`` that needs no model; returns the data sources' skip reports."""
+    world = world_size() if world is None else world
+    r = cfg.rollout
+    if r.rollout_batch_size % world:
+        raise ConfigError(
+            f"rollout.rollout_batch_size={r.rollout_batch_size}: must be divisible by the number of processes "
+            f"({world}), each of which samples an equal share of the prompts"
+        )
+    check_template(cfg.data.prompt_template, "data.prompt_template")
+    check_output_dir(cfg.train.output_dir, "train.output_dir", final="final")
+    if cfg.model.path:
+        config = check_model_folder(cfg.model.path, "model.path")
+        vision = config is None or config.get("vision_config") is not None
+    else:
+        vision = cfg.model.tiny_arch in VL_ARCHS
+    if cfg.critic.path and cfg.algorithm.advantage_estimator == "gae" and not Path(cfg.critic.path).exists():
+        if path_like(cfg.critic.path):
+            raise ConfigError(f"critic.path={cfg.critic.path}: no such folder")
+    for i, s in enumerate(cfg.reward.sources):
+        if s.kind in ("srm", "grm"):
+            check_model_folder(s.path, f"reward.sources[{i}].path")
+    check = record_check(cfg.reward, vision, model_key(cfg))
+    reports = {}
+    for key, source in (("data.train_source", cfg.data.train_source), ("data.eval_source", cfg.data.eval_source)):
+        if source and not source.startswith(SYNTHETIC_PREFIX):
+            reports[key] = check_data_source(
+                source, key, "prompt", cfg.data.on_bad_record, check, column_map=cfg.data.column_map
+            )
+    train = reports.get("data.train_source")
+    if train is not None and train.kept < r.rollout_batch_size:
+        raise ConfigError(
+            f"data.train_source={cfg.data.train_source}: {train.kept} usable prompts ({train.skipped} skipped), "
+            f"fewer than rollout.rollout_batch_size={r.rollout_batch_size}"
+        )
+    return reports
+
+
+def preflight_reward_model(cfg: RewardModelTrainConfig) -> dict[str, SkipReport]:
+    """Every check of ``vlrft train-reward-model`` that needs no model: model folder, data, output folder."""
+    check_output_dir(cfg.train.output_dir, "train.output_dir", final="model")
+    if cfg.model.path:
+        check_model_folder(cfg.model.path, "model.path")
+    kind = "preference" if cfg.model.kind == "srm" else "judgment"
+    reports = {}
+    for key, source in (("data.train_source", cfg.data.train_source), ("data.eval_source", cfg.data.eval_source)):
+        if source:
+            reports[key] = check_data_source(source, key, kind, cfg.data.on_bad_record)
+    train = reports.get("data.train_source")
+    if train is not None and train.kept == 0:
+        raise ConfigError(f"data.train_source={cfg.data.train_source}: no usable records ({train.skipped} skipped)")
+    return reports
