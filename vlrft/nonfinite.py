@@ -15,7 +15,8 @@ in a row the run stops with :class:`~vlrft.errors.NonFiniteError` naming the ste
 
 from __future__ import annotations
 
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 import torch
 
@@ -59,6 +60,20 @@ class NonFiniteGuard:
                     "non-finite weights were written. Lower optim.lr, keep optim.eps > 0, check the rewards"
                 )
         return {"train/nonfinite_skipped": float(self.skipped)}
+
+    @contextmanager
+    def sampling(self, step: int) -> Iterator[None]:
+        """Around a rollout: finite weights can still overflow into NaN logits (an absurd learning rate), and
+        torch's sampler then fails naming no cause; say which step and what to change instead."""
+        try:
+            yield
+        except RuntimeError as exc:
+            if "probability tensor contains" not in str(exc):
+                raise
+            raise NonFiniteError(
+                f"step {step}: the policy's next-token probabilities are NaN or infinite in the rollout (the "
+                "weights after the previous step overflow); lower optim.lr or resume from an earlier checkpoint"
+            ) from exc
 
     @property
     def last_quantity(self) -> str | None:

@@ -401,7 +401,8 @@ class PolicyTrainer:
             metrics: dict[str, float] = {}
             self._step_prompt_ids = []
             t_step = time.perf_counter()
-            exp = self.make_experience(metrics)
+            with self.guard.sampling(self.step + 1):
+                exp = self.make_experience(metrics)
             self.engine.sleep()  # the update gets the memory the engine held
             if self.guard.values_finite(self.strategy, rewards=exp.rewards, advantages=exp.advantages):
                 self.train_on(exp, metrics)
