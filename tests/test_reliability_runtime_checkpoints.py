@@ -10,8 +10,11 @@ from pathlib import Path
 import pytest
 
 from vlrft import checkpoints
+from vlrft.config import load_config
 from vlrft.errors import CheckpointError, KnownError
 from vlrft.tracking import truncate_jsonl, truncate_run_logs
+from vlrft.trainer.config import PolicyTrainConfig
+from vlrft.trainer.run import train_policy
 
 
 def _ckpt(run_dir: Path, step: int, payload: bytes = b"weights") -> Path:
@@ -130,3 +133,49 @@ def test_torn_last_lines_of_the_run_logs_are_dropped_on_resume(tmp_path):
     log.write_text('{"step": 1}\n{"step": 2}\n{"st')
     truncate_jsonl(log, 5)
     assert log.read_text() == '{"step": 1}\n{"step": 2}\n'
+
+
+def test_train_policy_resumes_past_a_damaged_newest_checkpoint_bitwise(tiny_model, tmp_path, capsys):
+    def cfg(out: Path, steps: int):
+        return load_config(
+            PolicyTrainConfig,
+            None,
+            [
+                f"model.path={tiny_model('qwen2_5_vl')}",
+                f"train.output_dir={out}",
+                "data.eval_source=''",
+                "data.synthetic_train_size=8",
+                "rollout.rollout_batch_size=2",
+                "rollout.n_samples_per_prompt=2",
+                "rollout.max_new_tokens=3",
+                "train.micro_train_batch_size=2",
+                "algorithm.entropy_coef=0.01",  # a gradient at every step, whatever the rewards
+                "optim.lr=1e-3",
+                f"train.max_steps={steps}",
+                "train.save_every=1",
+                "train.keep_last=3",
+                "logging.tensorboard=false",
+                "logging.wandb=disabled",
+                "logging.progress_bar=false",
+            ],
+        )
+
+    full, broken = tmp_path / "uninterrupted", tmp_path / "damaged"
+    train_policy(cfg(full, 3))
+    train_policy(cfg(broken, 2))  # stands for a run stopped after step 2
+    newest = broken / "checkpoints" / "step-000002"
+    state = newest / "state.pt"
+    state.write_bytes(state.read_bytes()[: state.stat().st_size // 2])  # a torn write
+    with open(broken / "metrics.jsonl", "a") as f:
+        f.write('{"step": 3, "reward/comb')  # and a torn log line
+    capsys.readouterr()
+    train_policy(cfg(broken, 3))
+    said = capsys.readouterr()
+    text = said.out + said.err
+    assert f"resume: skipping checkpoint {newest}: state.pt has" in text
+    assert f"resumed from {broken / 'checkpoints' / 'step-000001'} at step 1" in text
+    a = (full / "final" / "model.safetensors").read_bytes()
+    b = (broken / "final" / "model.safetensors").read_bytes()
+    assert a == b
+    steps = [json.loads(x)["step"] for x in (broken / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3]
