@@ -74,9 +74,13 @@ class LivenessMonitor:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="vlrft-liveness", daemon=True)
 
-    def start(self) -> None:
+    def start(self, barrier=None) -> None:
+        """Write this rank's heartbeat, wait at ``barrier`` (every rank has replaced the files a killed
+        earlier run left behind), then start watching."""
         self.folder.mkdir(parents=True, exist_ok=True)
         self._beat()
+        if barrier is not None:
+            barrier()
         self._thread.start()
 
     def _beat(self) -> None:
@@ -107,7 +111,7 @@ def watch_ranks(folder: str | Path, strategy, timeout_s: float) -> Iterator[None
         yield
         return
     monitor = LivenessMonitor(Path(folder), strategy.rank, strategy.world_size, timeout_s)
-    monitor.start()
+    monitor.start(strategy.barrier)
     try:
         yield
     finally:
