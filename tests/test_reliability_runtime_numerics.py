@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -14,8 +15,10 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForImageTextToText
 
+from reward_models.config import RewardModelTrainConfig
+from reward_models.trainer import train_reward_model
 from vlrft.config import load_config
-from vlrft.errors import KnownError, NonFiniteError
+from vlrft.errors import KnownError, NonFiniteError, RunFolderError
 from vlrft.nonfinite import NonFiniteGuard
 from vlrft.strategies import OptimConfig, StrategyConfig, make_strategy
 from vlrft.trainer.config import PolicyTrainConfig
@@ -170,3 +173,36 @@ def test_absurd_learning_rate_stops_and_keeps_written_weights_finite(tiny_model,
     assert not (out / "final").exists()
     assert _written_weights_finite(out) >= 1
     assert not any(p.name.endswith(".tmp") for p in (out / "checkpoints").iterdir())
+
+
+def test_reward_model_trainer_skips_counts_and_stops_on_nonfinite_steps(tiny_model, tmp_path):
+    out = tmp_path / "rm"
+    cfg = load_config(
+        RewardModelTrainConfig,
+        None,
+        [
+            f"model.path={tiny_model('qwen2_5_vl')}",
+            f"train.output_dir={out}",
+            "train.max_steps=6",
+            "train.batch_size=2",
+            "data.synthetic_train_size=8",
+            "data.synthetic_eval_size=2",
+            "train.eval_every=0",
+            "train.log_every=1",
+            "train.save_every=1",
+            "train.max_nonfinite_steps=2",
+            "optim.lr=1e36",
+            "logging.tensorboard=false",
+            "logging.wandb=disabled",
+            "logging.progress_bar=false",
+        ],
+    )
+    with pytest.raises(NonFiniteError, match=r"step \d: (loss|grad_norm) was NaN or infinite for 2 consecutive"):
+        train_reward_model(cfg)
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    skipped = [r["train/nonfinite_skipped"] for r in rows if "train/loss" in r]
+    assert skipped[0] == 0.0 and skipped[-1] == 1.0  # step 1 applied; the step before the stop skipped
+    assert not (out / "model").exists()
+    assert _written_weights_finite(out) >= 1
+    with pytest.raises(RunFolderError, match="holds another run's outputs"):  # the same entry point
+        train_reward_model(replace(cfg, train=replace(cfg.train, resume="never")))
