@@ -64,9 +64,6 @@ def check(model_dir: str, name: str) -> dict:
 
 
 def main() -> None:
-    import faulthandler
-
-    faulthandler.dump_traceback_later(540, exit=True)
     model_dir, out = sys.argv[1:3]
     report = {name: check(model_dir, name) for name in sys.argv[3:]}
     rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
