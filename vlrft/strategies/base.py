@@ -146,7 +146,7 @@ class Strategy:
         self.rank, self.world_size = init_distributed(timeout_s=cfg.timeout_s)
         self.last_step_skipped = False  # the last step() changed nothing (a non-finite quantity)
         self.nonfinite_quantity: str | None = None  # the first non-finite quantity of that step
-        self._loss_nonfinite = False
+        self._loss_nonfinite: torch.Tensor | bool = False  # on the device: no sync per micro-batch
         self.device = (
             torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
         )
@@ -234,8 +234,7 @@ class Strategy:
 
     def _check_loss(self, loss: torch.Tensor) -> None:
         """Remember a non-finite loss of this optimizer step (its gradients are not applied)."""
-        if not bool(torch.isfinite(loss.detach()).all()):
-            self._loss_nonfinite = True
+        self._loss_nonfinite = ~torch.isfinite(loss.detach()).all() | self._loss_nonfinite
 
     def _agree(self, flag: bool) -> bool:
         """True on every rank when ``flag`` is true on any rank."""
@@ -254,7 +253,7 @@ class Strategy:
         if hasattr(norm, "full_tensor"):  # FSDP2: a DTensor, the norm over all shards
             norm = norm.full_tensor()
         quantity = None
-        if self._agree(self._loss_nonfinite):
+        if self._agree(bool(self._loss_nonfinite)):
             quantity = "loss"
         elif not math.isfinite(float(norm)):
             quantity = "grad_norm"
@@ -278,7 +277,8 @@ class Strategy:
     def require_finite_weights(self, where: str) -> None:
         """Raise :class:`NonFiniteError` (on every rank) when any trained parameter is NaN or infinite:
         nothing non-finite is ever written, and a run whose weights became so stops at once."""
-        bad = next((True for t in self._local_weights() if not bool(torch.isfinite(t).all())), False)
+        flags = [torch.isfinite(t).all() for t in self._local_weights() if t.numel()]
+        bad = bool(flags) and not bool(torch.stack(flags).all())  # one device sync for all parameters
         if self._agree(bad):
             raise NonFiniteError(
                 f"model parameters are NaN or infinite {where} (optim.lr={self.optim_cfg.lr}, "

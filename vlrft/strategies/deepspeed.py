@@ -77,7 +77,7 @@ class DeepSpeedStrategy(Strategy):
         self.ds_engine.step()
         skipped = not self.ds_engine.was_step_applied()
         quantity = None
-        if self._agree(self._loss_nonfinite):
+        if self._agree(bool(self._loss_nonfinite)):
             quantity = "loss"
         elif self._agree(skipped):
             quantity = "grad_norm"
