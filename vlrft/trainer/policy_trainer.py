@@ -483,7 +483,8 @@ class PolicyTrainer:
             return
         state = self.strategy.load_checkpoint(path)
         if self.critic is not None:
-            self.critic_strategy.load_checkpoint(self.out / "critic_checkpoints" / path.name)
+            critic = checkpoints.resume_path(self.out, str(self.out / "critic_checkpoints" / path.name), key="critic")
+            self.critic_strategy.load_checkpoint(critic)
         self.step, self.cursor, self.history = state["step"], state["cursor"], state["history"]
         self.kl_ctl.value = state["kl_coef"]
         self.guard.skipped = state.get("nonfinite_skipped", 0)
