@@ -102,6 +102,8 @@ class RMTrainConfig:
     save_every: int = option(0, "checkpoint every N steps (0: no intermediate checkpoints)", ge=0)
     keep_last: int = option(2, "checkpoints kept (older ones deleted)")
     resume: str = option("auto", "auto: resume from the latest complete checkpoint; never; or a checkpoint path")
+    overwrite: bool = option(False, "clear output_dir first when it holds another run's outputs (else refused)")
+    max_nonfinite_steps: int = option(5, "stop after this many consecutive steps skipped for NaN/inf values", ge=1)
     log_every: int = option(10, "log training metrics every N steps", ge=1)
 
     def validate(self) -> None:

@@ -27,12 +27,15 @@ from reward_models.losses import bradley_terry_loss, judge_sft_loss
 from reward_models.scalar import ScalarRewardModel
 from vlrft import checkpoints
 from vlrft.config import save_config
+from vlrft.liveness import watch_ranks
 from vlrft.models.loading import load_model
 from vlrft.models.tiny import make_tiny_model
+from vlrft.nonfinite import NonFiniteGuard
 from vlrft.rollout import make_engine
+from vlrft.run_folder import run_in_folder
 from vlrft.sampling import REWARD_ORDER_STRIDE, seeded_permutation
 from vlrft.strategies import make_strategy, rng_state, seed_everything, set_rng_state
-from vlrft.tracking import Tracker
+from vlrft.tracking import Tracker, truncate_run_logs
 
 
 # -- data ----------------------------------------------------------------------------------------
@@ -212,6 +215,12 @@ def train_reward_model(cfg: RewardModelTrainConfig, records: tuple[list, list] |
 
     out = Path(cfg.train.output_dir)
     strategy = make_strategy(cfg.strategy, cfg.optim)
+    with run_in_folder(out, strategy, resume=cfg.train.resume, overwrite=cfg.train.overwrite):
+        with watch_ranks(out / ".liveness", strategy, cfg.strategy.heartbeat_timeout_s):
+            return _train(cfg, strategy, out, records)
+
+
+def _train(cfg: RewardModelTrainConfig, strategy: Any, out: Path, records: tuple[list, list] | None) -> dict:
     if not cfg.model.path:  # a tiny random Qwen2.5-VL (same seed, same bytes on every rank)
         tiny = out / "tiny_base"
         if strategy.is_rank0 and not (tiny / "vlrft_tiny.json").is_file():
@@ -226,11 +235,15 @@ def train_reward_model(cfg: RewardModelTrainConfig, records: tuple[list, list] |
     model, _, _ = strategy.prepare(model, total_steps=cfg.train.max_steps)
     ckpt_root = out / "checkpoints"
     start = 0
-    resume = checkpoints.resume_path(ckpt_root, cfg.train.resume)
+    resume = checkpoints.resume_path(ckpt_root, cfg.train.resume, log=print if strategy.is_rank0 else (lambda _: None))
+    guard = NonFiniteGuard(cfg.train.max_nonfinite_steps)
     if resume is not None:
         client = strategy.load_checkpoint(resume)
         start = client["step"]
         set_rng_state(client["rng"])
+        guard.skipped = client.get("nonfinite_skipped", 0)
+        if strategy.is_rank0:  # rows after the checkpoint belong to steps that will be redone
+            truncate_run_logs(out, start)
     tracker = Tracker(out, cfg, strategy.is_rank0, start, cfg.train.max_steps, desc="train-reward-model")
     if strategy.is_rank0:
         save_config(cfg, out)
@@ -262,6 +275,8 @@ def train_reward_model(cfg: RewardModelTrainConfig, records: tuple[list, list] |
             )
         strategy.backward(loss)
         metrics["grad_norm"] = torch.tensor(strategy.step())
+        guard.observe(strategy)
+        skipped = guard.end_step(step + 1)
         for k, v in metrics.items():
             sums[k] = sums.get(k, 0.0) + float(v)
         n_acc += 1
@@ -272,16 +287,17 @@ def train_reward_model(cfg: RewardModelTrainConfig, records: tuple[list, list] |
             avg = strategy.all_reduce(avg, op="mean")
             row = {f"train/{k}": v for k, v in zip(sorted(sums), avg.tolist())}
             row["train/lr"] = strategy.lr
+            row.update(skipped)
             row["train/steps_per_s"] = n_acc / max(time.time() - t0, 1e-9)
             tracker.log(row, done)
             sums, n_acc, t0 = {}, 0, time.time()
         if held_out and cfg.train.eval_every and done % cfg.train.eval_every == 0 and done != cfg.train.max_steps:
             tracker.log(evaluate(model, processor, held_out, cfg, strategy), done)
         if cfg.train.save_every and done % cfg.train.save_every == 0 and done != cfg.train.max_steps:
-            _save(strategy, ckpt_root, done, cfg.train.keep_last)
+            _save(strategy, ckpt_root, done, cfg.train.keep_last, guard.skipped)
     final = evaluate(model, processor, held_out, cfg, strategy) if held_out else {}
     tracker.log(final, cfg.train.max_steps)
-    _save(strategy, ckpt_root, cfg.train.max_steps, cfg.train.keep_last)
+    _save(strategy, ckpt_root, cfg.train.max_steps, cfg.train.keep_last, guard.skipped)
     model_dir = out / "model"
     strategy.save_pretrained(model_dir, processor)
     tracker.close()
@@ -290,6 +306,7 @@ def train_reward_model(cfg: RewardModelTrainConfig, records: tuple[list, list] |
     return final
 
 
-def _save(strategy: Any, root: Path, step: int, keep_last: int) -> None:
+def _save(strategy: Any, root: Path, step: int, keep_last: int, skipped: int) -> None:
     if not (checkpoints.checkpoint_dir(root, step) / "COMPLETE").is_file():  # a resumed finished run
-        checkpoints.save_checkpoint(strategy, root, step, {"step": step, "rng": rng_state()}, keep_last)
+        state = {"step": step, "rng": rng_state(), "nonfinite_skipped": skipped}
+        checkpoints.save_checkpoint(strategy, root, step, state, keep_last)

@@ -2,18 +2,84 @@
 
 A checkpoint is written into a fresh ``.tmp`` sibling and renamed into place with a ``COMPLETE`` marker
 (:func:`atomic_dir`, :func:`commit_dir`; the strategies fill the folder), so a crash at any point leaves
-the previous checkpoints intact. ``resume=auto`` takes the newest complete one; older ones are pruned
-to ``keep_last``.
+the previous checkpoints intact. Before ``COMPLETE``, ``MANIFEST.json`` lists every file with its size and
+sha256 and the run id of the run folder (``RUN.json``, see ``vlrft.run_folder``). ``resume=auto`` takes the
+newest complete checkpoint that verifies, falling back to the previous one and saying which and why; an
+explicit checkpoint that is incomplete or fails verification is refused (:class:`CheckpointError`). Older
+checkpoints of the same run id are pruned to ``keep_last``; another run's checkpoints are never touched.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
+
+from vlrft.errors import CheckpointError
 
 PREFIX = "step-"
+MANIFEST = "MANIFEST.json"
+RUN_FILE = "RUN.json"  # in the run folder: the run id (lineage) its checkpoints carry
+
+
+def run_id(run_dir: str | Path) -> str | None:
+    """The run id recorded in ``run_dir/RUN.json`` (None when there is none)."""
+    path = Path(run_dir) / RUN_FILE
+    try:
+        return json.loads(path.read_text()).get("run_id")
+    except (OSError, ValueError):
+        return None
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def write_manifest(folder: Path, run: str | None) -> None:
+    """``MANIFEST.json``: every file of ``folder`` (relative path, size, sha256) and the run id."""
+    files = {
+        str(p.relative_to(folder)): {"size": p.stat().st_size, "sha256": _sha256(p)}
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and p.name not in (MANIFEST, "COMPLETE")
+    }
+    (folder / MANIFEST).write_text(json.dumps({"run_id": run, "files": files}, indent=1) + "\n")
+
+
+def manifest_run_id(path: Path) -> str | None:
+    try:
+        return json.loads((Path(path) / MANIFEST).read_text()).get("run_id")
+    except (OSError, ValueError):
+        return None
+
+
+def verify_checkpoint(path: str | Path) -> str | None:
+    """Why ``path`` cannot be resumed from (None when it is complete and every file matches its manifest)."""
+    path = Path(path)
+    if path.name.endswith(".tmp") or not (path / "COMPLETE").is_file():
+        return "incomplete: no COMPLETE marker (a save that never finished)"
+    try:
+        manifest = json.loads((path / MANIFEST).read_text())
+        files = manifest["files"]
+    except FileNotFoundError:
+        return None  # written before manifests existed: complete, not verifiable
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return f"unreadable {MANIFEST} ({exc})"
+    for rel, meta in files.items():
+        f = path / rel
+        if not f.is_file():
+            return f"{rel} is missing"
+        if f.stat().st_size != meta["size"]:
+            return f"{rel} has {f.stat().st_size} bytes, the manifest says {meta['size']}"
+        if _sha256(f) != meta["sha256"]:
+            return f"{rel} does not match its sha256 in {MANIFEST}"
+    return None
 
 
 def checkpoint_dir(root: str | Path, step: int) -> Path:
@@ -31,7 +97,9 @@ def atomic_dir(final: Path) -> Path:
 
 
 def commit_dir(tmp: Path, final: Path) -> None:
-    """Mark ``tmp`` complete and rename it to ``final`` (replacing an older folder of that name)."""
+    """Write the manifest, mark ``tmp`` complete and rename it to ``final`` (replacing an older folder of that
+    name). The run id is read from the run folder holding the checkpoints folder."""
+    write_manifest(tmp, run_id(final.parent.parent))
     (tmp / "COMPLETE").write_text("ok\n")
     if final.exists():
         shutil.rmtree(final)
@@ -57,22 +125,46 @@ def latest_checkpoint(root: str | Path) -> Path | None:
 
 
 def prune_checkpoints(root: str | Path, keep_last: int) -> None:
-    """Delete all but the newest ``keep_last`` complete checkpoints (a stale ``.tmp`` folder is replaced by
-    the next save to the same step)."""
-    for p in complete_checkpoints(root)[: -max(1, keep_last)]:
+    """Delete all but the newest ``keep_last`` complete checkpoints of this run's lineage (the run id in
+    ``RUN.json``); checkpoints of another run id are never deleted. A stale ``.tmp`` folder is replaced by
+    the next save to the same step."""
+    root = Path(root)
+    mine = run_id(root.parent)
+    ours = [p for p in complete_checkpoints(root) if manifest_run_id(p) == mine and (p / MANIFEST).is_file()]
+    for p in ours[: -max(1, keep_last)]:
         shutil.rmtree(p, ignore_errors=True)
 
 
-def resume_path(root: str | Path, resume: str, key: str = "train.resume") -> Path | None:
-    """The checkpoint to resume from: ``never`` -> None, ``auto`` -> the newest complete one under ``root``
-    (None when there is none), anything else a checkpoint folder that must be complete."""
+def resume_path(
+    root: str | Path, resume: str, key: str = "train.resume", log: Callable[[str], None] = print
+) -> Path | None:
+    """The checkpoint to resume from: ``never`` -> None; ``auto`` -> the newest complete checkpoint under
+    ``root`` that verifies (None when there is none; a damaged newer one is skipped and ``log`` says which
+    and why); anything else a checkpoint folder that must be complete and verify (else CheckpointError)."""
     if resume == "never":
         return None
     if resume == "auto":
-        return latest_checkpoint(root)
+        found = complete_checkpoints(root)
+        for path in reversed(found):
+            reason = verify_checkpoint(path)
+            if reason is None:
+                return path
+            log(f"resume: skipping checkpoint {path}: {reason}")
+        if found:
+            raise CheckpointError(
+                f"{key}=auto: no checkpoint under {root} verifies (each is listed above); "
+                "set train.resume=never with train.overwrite=true to start again"
+            )
+        return None
     path = Path(resume)
-    if not (path / "COMPLETE").is_file():
-        raise FileNotFoundError(f"{key}={resume}: not a complete checkpoint folder (no COMPLETE marker)")
+    if not path.is_dir():
+        raise CheckpointError(f"{key}={resume}: no such checkpoint folder")
+    reason = verify_checkpoint(path)
+    if reason is not None:
+        raise CheckpointError(
+            f"{key}={resume}: cannot resume from this checkpoint: {reason}; "
+            "name a complete step-NNNNNN folder, or use train.resume=auto"
+        )
     return path
 
 

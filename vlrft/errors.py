@@ -12,3 +12,20 @@ from __future__ import annotations
 
 class KnownError(RuntimeError):
     """A failure with a known cause and a complete, user-facing message."""
+
+
+class NonFiniteError(KnownError):
+    """Training produced non-finite values (loss, gradients, rewards, advantages or weights) for too long,
+    or weights that cannot be written; nothing non-finite was saved."""
+
+
+class CheckpointError(KnownError):
+    """A checkpoint that cannot be resumed from (incomplete, damaged, or failing its manifest)."""
+
+
+class RunFolderError(KnownError):
+    """A run folder held by another process, or holding another run's outputs."""
+
+
+class DistributedError(KnownError):
+    """A rank of a distributed job was lost (killed, hung or unreachable)."""

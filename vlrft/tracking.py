@@ -147,17 +147,37 @@ def append_jsonl(path: Path, row: dict) -> None:
         f.write(json.dumps(row) + "\n")
 
 
+RUN_LOGS = ("metrics.jsonl", "samples.jsonl", "data_order.jsonl")
+
+
+def _rows(path: Path) -> list[tuple[str, dict]]:
+    """The JSON rows of a ``.jsonl`` log; a line that is not JSON (a write torn by a kill) is dropped."""
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict):
+            rows.append((line, row))
+    return rows
+
+
 def truncate_jsonl(path: Path, last_step: int) -> None:
     """Keep the rows of steps <= ``last_step`` (rows are JSON objects with a ``step``): on resume, the rows
-    of steps after the checkpoint belong to steps that will be redone."""
+    of steps after the checkpoint belong to steps that will be redone. Torn lines are dropped."""
     if not path.is_file():
         return
-    keep = [
-        line for line in path.read_text().splitlines() if line.strip() and json.loads(line).get("step", 0) <= last_step
-    ]
+    keep = [line for line, row in _rows(path) if row.get("step", 0) <= last_step]
     tmp = path.with_suffix(".tmp")
     tmp.write_text("".join(line + "\n" for line in keep))
     tmp.replace(path)
+
+
+def truncate_run_logs(out_dir: Path, last_step: int) -> None:
+    """:func:`truncate_jsonl` on every JSONL log of a run folder (on resume, rank 0)."""
+    for name in RUN_LOGS:
+        truncate_jsonl(Path(out_dir) / name, last_step)
 
 
 def image_refs(images: list[Any]) -> list[str]:

@@ -23,6 +23,7 @@ import torch.distributed as dist
 
 from vlrft.checkpoints import atomic_dir, commit_dir
 from vlrft.config import option
+from vlrft.errors import NonFiniteError
 
 
 @dataclass
@@ -44,10 +45,21 @@ class StrategyConfig:
         "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj", "comma-separated module names for LoRA"
     )
     seed: int = option(0, "seed for initialisation, sampling and data order")
+    timeout_s: float = option(
+        1800.0, "seconds a collective may wait for a lost or stuck rank before the job stops (process group)"
+    )
+    heartbeat_timeout_s: float = option(
+        60.0, "a rank silent this long (stuck) or gone (killed) stops every other rank, naming it (0: off)"
+    )
 
     def validate(self) -> None:
         if self.grad_clip < 0:
             raise ValueError(f"grad_clip must be >= 0, got {self.grad_clip}")
+        if self.timeout_s <= 0 or self.heartbeat_timeout_s < 0:
+            raise ValueError(
+                f"strategy.timeout_s must be > 0 and strategy.heartbeat_timeout_s >= 0, got "
+                f"{self.timeout_s} and {self.heartbeat_timeout_s}"
+            )
 
 
 @dataclass
@@ -63,8 +75,9 @@ class OptimConfig:
     min_lr_ratio: float = option(0.0, "final LR as a fraction of lr (cosine, linear)")
 
 
-def init_distributed(backend: str | None = None) -> tuple[int, int]:
-    """Initialise torch.distributed from torchrun's environment; returns (rank, world_size)."""
+def init_distributed(backend: str | None = None, timeout_s: float = 1800.0) -> tuple[int, int]:
+    """Initialise torch.distributed from torchrun's environment; returns (rank, world_size). A collective
+    waiting longer than ``timeout_s`` for another rank fails instead of hanging."""
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -73,7 +86,7 @@ def init_distributed(backend: str | None = None) -> tuple[int, int]:
     backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    dist.init_process_group(backend=backend, timeout=timedelta(minutes=30))
+    dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s))
     return dist.get_rank(), dist.get_world_size()
 
 
@@ -130,7 +143,10 @@ class Strategy:
     def __init__(self, cfg: StrategyConfig, optim: OptimConfig | None = None):
         self.cfg = cfg
         self.optim_cfg = optim or OptimConfig()
-        self.rank, self.world_size = init_distributed()
+        self.rank, self.world_size = init_distributed(timeout_s=cfg.timeout_s)
+        self.last_step_skipped = False  # the last step() changed nothing (a non-finite quantity)
+        self.nonfinite_quantity: str | None = None  # the first non-finite quantity of that step
+        self._loss_nonfinite: torch.Tensor | bool = False  # on the device: no sync per micro-batch
         self.device = (
             torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
         )
@@ -216,23 +232,66 @@ class Strategy:
         self.scheduler = make_scheduler(self.optimizer, self.optim_cfg, total_steps)
         return self.model, self.optimizer, self.scheduler
 
+    def _check_loss(self, loss: torch.Tensor) -> None:
+        """Remember a non-finite loss of this optimizer step (its gradients are not applied)."""
+        self._loss_nonfinite = ~torch.isfinite(loss.detach()).all() | self._loss_nonfinite
+
+    def _agree(self, flag: bool) -> bool:
+        """True on every rank when ``flag`` is true on any rank."""
+        return bool(self.all_reduce(torch.tensor(float(flag)), "max")) if self.distributed else flag
+
     def _clip_and_step(self) -> float:
-        """Global-norm clipping, optimizer and scheduler step (torch-native strategies)."""
+        """Global-norm clipping, optimizer and scheduler step (torch-native strategies).
+
+        The non-finite guard: a step whose loss or global gradient norm is not finite, or whose AdamW
+        update would divide zero by zero (``optim.eps=0`` with a zero gradient element and no second
+        moment), is skipped on every rank: gradients zeroed, no optimizer or scheduler step, so
+        parameters and optimizer state (moments, step count) stay exactly as they were."""
         params = [p for p in self.model.parameters() if p.requires_grad]
         max_norm = self.cfg.grad_clip if self.cfg.grad_clip > 0 else float("inf")
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
         if hasattr(norm, "full_tensor"):  # FSDP2: a DTensor, the norm over all shards
             norm = norm.full_tensor()
-        self.optimizer.step()
-        self.scheduler.step()
+        quantity = None
+        if self._agree(bool(self._loss_nonfinite)):
+            quantity = "loss"
+        elif not math.isfinite(float(norm)):
+            quantity = "grad_norm"
+        elif self._agree(self.optim_cfg.eps == 0 and _adamw_zero_over_zero(self.optimizer)):
+            quantity = "optimizer_update (optim.eps=0 divides a zero moment by zero)"
+        self._loss_nonfinite = False
+        self.last_step_skipped, self.nonfinite_quantity = quantity is not None, quantity
+        if quantity is None:
+            self.optimizer.step()
+            self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
+        if quantity is None:
+            self.require_finite_weights("after the optimizer step")
         return float(norm)
+
+    def _local_weights(self) -> Iterator[torch.Tensor]:
+        """This rank's share of the trained parameters (ZeRO-3: its partition; FSDP2: its shard)."""
+        for p in self.unwrap().parameters():
+            yield _local(getattr(p, "ds_tensor", None) if hasattr(p, "ds_tensor") else p.detach())
+
+    def require_finite_weights(self, where: str) -> None:
+        """Raise :class:`NonFiniteError` (on every rank) when any trained parameter is NaN or infinite:
+        nothing non-finite is ever written, and a run whose weights became so stops at once."""
+        flags = [torch.isfinite(t).all() for t in self._local_weights() if t.numel()]
+        bad = bool(flags) and not bool(torch.stack(flags).all())  # one device sync for all parameters
+        if self._agree(bad):
+            raise NonFiniteError(
+                f"model parameters are NaN or infinite {where} (optim.lr={self.optim_cfg.lr}, "
+                f"optim.eps={self.optim_cfg.eps}); nothing was written. Lower optim.lr, keep optim.eps > 0, "
+                "or resume from the last checkpoint"
+            )
 
     def _save_atomically(self, path: str | Path, write) -> None:
         """All ranks ``write(tmp_dir)`` into a fresh ``.tmp`` sibling of ``path``; rank 0 then renames it
         into place with a COMPLETE marker. A crash at any point leaves the previous checkpoints intact."""
         final = Path(path)
         tmp = final.with_name(final.name + ".tmp")
+        self.require_finite_weights(f"when saving checkpoint {final}")
         if self.is_rank0:
             atomic_dir(final)
         self.barrier()
@@ -314,7 +373,9 @@ class Strategy:
         raise NotImplementedError
 
     def save_pretrained(self, out_dir: str | Path, processor: Any = None) -> None:
-        """Export the model with ``save_pretrained`` (safetensors) so transformers (and vLLM) load it."""
+        """Export the model with ``save_pretrained`` (safetensors) so transformers (and vLLM) load it;
+        refused (:class:`NonFiniteError`) when a weight is not finite."""
+        self.require_finite_weights(f"when exporting to {out_dir}")
         state = self.full_state_dict()
         if self.is_rank0:
             model = self.unwrap()
@@ -330,6 +391,24 @@ class Strategy:
     @property
     def lr(self) -> float:
         return self.optimizer.param_groups[0]["lr"] if self.optimizer is not None else 0.0
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def _adamw_zero_over_zero(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether AdamW with ``eps=0`` would write NaN: an element whose gradient and second moment are both
+    zero gets ``0 / (sqrt(0) + 0)``."""
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.grad is None:
+                continue
+            zero_grad = _local(p.grad) == 0
+            v = optimizer.state.get(p, {}).get("exp_avg_sq")
+            if bool((zero_grad & (_local(v) == 0) if v is not None else zero_grad).any()):
+                return True
+    return False
 
 
 def _hf_name(name: str) -> str:

@@ -67,11 +67,24 @@ class DeepSpeedStrategy(Strategy):
     def backward(self, loss: torch.Tensor, last_micro_batch: bool = True) -> None:
         # ZeRO reduces gradients across ranks at the accumulation boundary only: the trainer says
         # which micro-batch closes the optimizer step.
+        self._check_loss(loss)
         self.ds_engine.set_gradient_accumulation_boundary(last_micro_batch)
         self.ds_engine.backward(loss, scale_wrt_gas=False)
 
     def step(self) -> float:
+        """DeepSpeed's own overflow check skips a step with non-finite gradients (no optimizer or
+        scheduler step, gradients cleared); ``was_step_applied`` reports it."""
         self.ds_engine.step()
+        skipped = not self.ds_engine.was_step_applied()
+        quantity = None
+        if self._agree(bool(self._loss_nonfinite)):
+            quantity = "loss"
+        elif self._agree(skipped):
+            quantity = "grad_norm"
+        self._loss_nonfinite = False
+        self.last_step_skipped, self.nonfinite_quantity = skipped, quantity if skipped else None
+        if not skipped:
+            self.require_finite_weights("after the optimizer step")
         norm = self.ds_engine.get_global_grad_norm()
         return float(norm) if norm is not None else float("nan")
 

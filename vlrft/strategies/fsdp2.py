@@ -54,6 +54,7 @@ class FSDP2Strategy(Strategy):
         return self._with_optimizer(self._shard(model), total_steps, trainable)
 
     def backward(self, loss: torch.Tensor, last_micro_batch: bool = True) -> None:
+        self._check_loss(loss)
         loss.backward()
 
     def step(self) -> float:

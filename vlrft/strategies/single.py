@@ -17,6 +17,7 @@ class SingleStrategy(Strategy):
         return self._with_optimizer(model.to(device=self.device, dtype=dtype), total_steps, trainable)
 
     def backward(self, loss: torch.Tensor, last_micro_batch: bool = True) -> None:
+        self._check_loss(loss)
         loss.backward()
 
     def step(self) -> float:

@@ -148,6 +148,8 @@ class PolicyTrainLoopConfig:
     save_every: int = option(0, "checkpoint every N steps (0: only at the end)", ge=0)
     keep_last: int = option(2, "checkpoints kept")
     resume: str = option("auto", "auto: newest complete checkpoint in output_dir; never; or a checkpoint path")
+    overwrite: bool = option(False, "clear output_dir first when it holds another run's outputs (else refused)")
+    max_nonfinite_steps: int = option(5, "stop after this many consecutive steps skipped for NaN/inf values", ge=1)
     log_samples: int = option(4, "trajectories written to samples.jsonl per step", ge=0)
     accuracy_source: str = option(
         "", "reward source whose score > 0.5 counts as correct (empty: the first verifier source)"

@@ -36,10 +36,11 @@ from vlrft.algorithms import (
     overlong_penalty,
     value_loss,
 )
+from vlrft.nonfinite import NonFiniteGuard
 from vlrft.rollout import SamplingParams, make_engine
 from vlrft.sampling import seeded_permutation
 from vlrft.strategies import Strategy, rng_state, set_rng_state
-from vlrft.tracking import append_jsonl, truncate_jsonl
+from vlrft.tracking import append_jsonl, truncate_run_logs
 from vlrft.trainer.config import PolicyTrainConfig
 from vlrft.trainer.experience import (
     Experience,
@@ -113,6 +114,7 @@ class PolicyTrainer:
             else FixedKLController(a.kl_coef)
         )
         self.normalizer = RunningRewardNormalizer() if a.normalize_rewards else None
+        self.guard = NonFiniteGuard(cfg.train.max_nonfinite_steps)
         self.step = 0
         self.cursor = 0  # prompts consumed so far (global), defines the data position
         self._step_prompt_ids: list[str] = []
@@ -305,9 +307,11 @@ class PolicyTrainer:
                     for key, val in m.items():
                         agg.setdefault(key, []).append(val)
                 grad_norm = s.step()
+                self.guard.observe(s)
                 agg.setdefault("grad_norm", []).append(grad_norm)
                 if self.critic is not None:
                     agg.setdefault("critic/grad_norm", []).append(self.critic_strategy.step())
+                    self.guard.observe(self.critic_strategy)
         dt = time.perf_counter() - t0
         metrics.update({k: float(sum(v) / len(v)) for k, v in agg.items()})
         metrics["time/update"] = dt
@@ -397,9 +401,12 @@ class PolicyTrainer:
             metrics: dict[str, float] = {}
             self._step_prompt_ids = []
             t_step = time.perf_counter()
-            exp = self.make_experience(metrics)
+            with self.guard.sampling(self.step + 1):
+                exp = self.make_experience(metrics)
             self.engine.sleep()  # the update gets the memory the engine held
-            self.train_on(exp, metrics)
+            if self.guard.values_finite(self.strategy, rewards=exp.rewards, advantages=exp.advantages):
+                self.train_on(exp, metrics)
+            metrics.update(self.guard.end_step(self.step + 1))
             t0 = time.perf_counter()
             self._sync_engine()
             metrics["time/weight_sync"] = time.perf_counter() - t0
@@ -456,6 +463,7 @@ class PolicyTrainer:
             "kl_coef": self.kl_ctl.value,
             "normalizer": self.normalizer.state_dict() if self.normalizer is not None else None,
             "history": self.history,
+            "nonfinite_skipped": self.guard.skipped,
         }
 
     def save_checkpoint(self) -> Path:
@@ -469,20 +477,22 @@ class PolicyTrainer:
         )
 
     def _maybe_resume(self) -> None:
-        path = checkpoints.resume_path(self.out / "checkpoints", self.cfg.train.resume)
+        log = self.tracker.print if self.tracker is not None else print
+        path = checkpoints.resume_path(self.out / "checkpoints", self.cfg.train.resume, log=log)
         if path is None:
             return
         state = self.strategy.load_checkpoint(path)
         if self.critic is not None:
-            self.critic_strategy.load_checkpoint(self.out / "critic_checkpoints" / path.name)
+            critic = checkpoints.resume_path(self.out, str(self.out / "critic_checkpoints" / path.name), key="critic")
+            self.critic_strategy.load_checkpoint(critic)
         self.step, self.cursor, self.history = state["step"], state["cursor"], state["history"]
         self.kl_ctl.value = state["kl_coef"]
+        self.guard.skipped = state.get("nonfinite_skipped", 0)
         if self.normalizer is not None and state["normalizer"] is not None:
             self.normalizer.load_state_dict(state["normalizer"])
         set_rng_state(state["rng"])
         if self.strategy.is_rank0:  # logs written after the checkpoint belong to steps that will be redone
-            for name in ("metrics.jsonl", "samples.jsonl", "data_order.jsonl"):
-                truncate_jsonl(self.out / name, self.step)
+            truncate_run_logs(self.out, self.step)
         self.strategy.barrier()
         self._sync_engine()  # an engine with its own weights still holds the initial ones
         if self.tracker is not None:

@@ -1,0 +1,196 @@
+"""Run-folder ownership (issue 11, item 3): one writer per folder (LOCK with pid and host, taken over from
+a dead process), a fresh run never writes into another run's outputs unless ``train.overwrite=true``,
+and every checkpoint carries the run id that pruning respects."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from vlrft import checkpoints
+from vlrft.config import load_config
+from vlrft.errors import KnownError, RunFolderError
+from vlrft.run_folder import LOCK, acquire_lock, release_lock, run_in_folder
+from vlrft.strategies import StrategyConfig, make_strategy
+from vlrft.trainer.config import PolicyTrainConfig
+from vlrft.trainer.run import train_policy
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def strategy():
+    return make_strategy(StrategyConfig())
+
+
+@pytest.fixture
+def other_process():
+    """A live process of this host that is not us (the holder of a lock)."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def _hold(folder: Path, pid: int, host: str | None = None) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    holder = {"pid": pid, "host": host or socket.gethostname(), "started": "2026-11-23T10:00:00+0000"}
+    (folder / LOCK).write_text(json.dumps(holder))
+
+
+def test_lock_is_taken_and_released_by_its_owner_only(tmp_path):
+    me = acquire_lock(tmp_path / "run")
+    assert json.loads((tmp_path / "run" / LOCK).read_text()) == me
+    assert me["pid"] == os.getpid() and me["host"] == socket.gethostname()
+    release_lock(tmp_path / "run")
+    assert not (tmp_path / "run" / LOCK).exists()
+    _hold(tmp_path / "other", 1)
+    release_lock(tmp_path / "other")  # not ours: left alone
+    assert (tmp_path / "other" / LOCK).exists()
+
+
+def test_a_live_holder_refuses_a_second_writer_naming_folder_and_holder(tmp_path, strategy, other_process):
+    _hold(tmp_path, other_process.pid)
+    with pytest.raises(RunFolderError) as err:
+        with run_in_folder(tmp_path, strategy, resume="auto", overwrite=True):
+            pass
+    msg = str(err.value)
+    assert isinstance(err.value, KnownError)  # the CLI prints it as one line, exit code 2
+    assert str(tmp_path) in msg and f"pid {other_process.pid} on {socket.gethostname()}" in msg
+    assert json.loads((tmp_path / LOCK).read_text())["pid"] == other_process.pid  # untouched
+
+
+def test_a_holder_on_another_host_is_never_taken_over(tmp_path, strategy):
+    _hold(tmp_path, _dead_pid(), host="node-17")
+    with pytest.raises(RunFolderError, match="on node-17"):
+        with run_in_folder(tmp_path, strategy, resume="auto", overwrite=False):
+            pass
+
+
+def test_stale_lock_of_a_dead_process_is_taken_over(tmp_path, strategy):
+    dead = _dead_pid()
+    _hold(tmp_path, dead)
+    said: list[str] = []
+    with run_in_folder(tmp_path, strategy, resume="auto", overwrite=False, log=said.append):
+        assert json.loads((tmp_path / LOCK).read_text())["pid"] == os.getpid()
+    assert any(f"taking over the lock of pid {dead}" in s for s in said)
+    assert not (tmp_path / LOCK).exists()
+
+
+def test_lock_is_released_when_the_run_fails(tmp_path, strategy):
+    with pytest.raises(KeyboardInterrupt):
+        with run_in_folder(tmp_path, strategy, resume="auto", overwrite=False):
+            raise KeyboardInterrupt
+    assert not (tmp_path / LOCK).exists()
+
+
+def test_fresh_run_into_another_runs_outputs_is_refused_unless_overwrite(tmp_path, strategy):
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
+    (tmp_path / "final").mkdir()
+    for resume in ("never", "auto"):  # auto without a checkpoint starts fresh too
+        with pytest.raises(
+            RunFolderError, match=f"holds another run's outputs \\(final, metrics.jsonl\\).*resume={resume}"
+        ):
+            with run_in_folder(tmp_path, strategy, resume=resume, overwrite=False):
+                pass
+    assert (tmp_path / "metrics.jsonl").exists() and not (tmp_path / LOCK).exists()
+    said: list[str] = []
+    with run_in_folder(tmp_path, strategy, resume="never", overwrite=True, log=said.append) as run:
+        assert sorted(p.name for p in tmp_path.iterdir()) == [LOCK, checkpoints.RUN_FILE]
+    assert checkpoints.run_id(tmp_path) == run and "cleared" in said[0]
+
+
+def test_resumed_run_keeps_its_run_id(tmp_path, strategy):
+    with run_in_folder(tmp_path, strategy, resume="auto", overwrite=False) as first:
+        final = checkpoints.checkpoint_dir(tmp_path / "checkpoints", 1)
+        tmp = checkpoints.atomic_dir(final)
+        (tmp / "state.pt").write_bytes(b"w")
+        checkpoints.commit_dir(tmp, final)
+    with run_in_folder(tmp_path, strategy, resume="auto", overwrite=False) as second:
+        assert second == first == checkpoints.manifest_run_id(final)
+
+
+def _cfg(out: Path, *extra: str) -> PolicyTrainConfig:
+    return load_config(
+        PolicyTrainConfig,
+        None,
+        [
+            f"train.output_dir={out}",
+            "data.eval_source=''",
+            "data.synthetic_train_size=8",
+            "rollout.rollout_batch_size=2",
+            "rollout.n_samples_per_prompt=2",
+            "rollout.max_new_tokens=3",
+            "train.micro_train_batch_size=4",
+            "train.log_samples=1",
+            "logging.tensorboard=false",
+            "logging.wandb=disabled",
+            "logging.progress_bar=false",
+            *extra,
+        ],
+    )
+
+
+def test_a_concurrent_second_train_policy_is_refused(tmp_path, tiny_model):
+    out = tmp_path / "run"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", f"from pathlib import Path; from vlrft.run_folder import acquire_lock; "
+         f"acquire_lock(Path({str(out)!r})); print('held', flush=True); import time; time.sleep(120)"],
+        stdout=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)),
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        cfg = _cfg(out, f"model.path={tiny_model('qwen2_5_vl')}", "train.max_steps=1")
+        with pytest.raises(RunFolderError, match=f"{out}: in use by pid {holder.pid}"):
+            train_policy(cfg)
+        assert sorted(p.name for p in out.iterdir()) == [LOCK]  # nothing written by the refused run
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def _steps(path: Path) -> list[int]:
+    return [json.loads(x)["step"] for x in path.read_text().splitlines()]
+
+
+def test_train_policy_never_mixes_logs_or_prunes_the_old_runs_checkpoints(tmp_path, tiny_model):
+    out = tmp_path / "run"
+    model = f"model.path={tiny_model('qwen2_5_vl')}"
+    train_policy(_cfg(out, model, "train.max_steps=2", "train.save_every=1", "train.keep_last=2"))
+    old_run = checkpoints.run_id(out)
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    assert _steps(out / "metrics.jsonl") == [1, 2]
+
+    with pytest.raises(RunFolderError, match="holds another run's outputs"):
+        train_policy(_cfg(out, model, "train.max_steps=3", "train.resume=never"))
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before  # nothing touched
+
+    # a foreign checkpoint (another lineage) beside the run: kept by the new run's pruning
+    foreign = out.parent / "foreign-step"
+    (out / "checkpoints" / "step-000002").rename(foreign)
+    train_policy(
+        _cfg(out, model, "train.max_steps=3", "train.save_every=1", "train.resume=never", "train.overwrite=true")
+    )
+    new_run = checkpoints.run_id(out)
+    assert new_run != old_run
+    assert _steps(out / "metrics.jsonl") == [1, 2, 3]  # the new run's rows only
+    assert _steps(out / "data_order.jsonl") == [1, 2, 3]
+    foreign.rename(out / "checkpoints" / "step-000099")
+    train_policy(_cfg(out, model, "train.max_steps=4", "train.save_every=1", "train.keep_last=1"))  # resumes
+    names = sorted(p.name for p in (out / "checkpoints").iterdir())
+    assert names == ["step-000004", "step-000099"]
+    assert checkpoints.manifest_run_id(out / "checkpoints" / "step-000004") == new_run
+    assert checkpoints.manifest_run_id(out / "checkpoints" / "step-000099") == old_run
+    assert _steps(out / "metrics.jsonl") == [1, 2, 3, 4]

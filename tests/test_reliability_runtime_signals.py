@@ -1,0 +1,44 @@
+"""Hostile stops during checkpoint writes (issue 11): SIGKILL or Ctrl-C (SIGINT) while a checkpoint is being
+written, then the same command again, ends bitwise equal to an uninterrupted run; Ctrl-C releases the run
+folder's lock, a SIGKILLed run's lock is taken over."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+
+import pytest
+from test_policy_resume import _cmd, _env
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT])
+def test_stopped_during_a_checkpoint_write_resumes_bitwise(tiny_model, tmp_path, sig):
+    model_dir = tiny_model("qwen2_5_vl")
+    full = tmp_path / "uninterrupted"
+    res = subprocess.run(_cmd(model_dir, full), capture_output=True, text=True, env=_env(), timeout=900)
+    assert res.returncode == 0, res.stderr[-4000:]
+
+    run = tmp_path / "stopped"
+    proc = subprocess.Popen(_cmd(model_dir, run), env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    tmp = run / "checkpoints" / "step-000003.tmp"
+    deadline = time.time() + 600
+    while not tmp.exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.001)
+    proc.send_signal(sig)  # while step 3's checkpoint is written (or just after)
+    _, err = proc.communicate(timeout=120)
+    assert not (run / "final").exists()
+    lock = run / "LOCK"
+    if sig == signal.SIGINT:
+        assert proc.returncode != 0 and not lock.exists(), err[-2000:]
+    else:
+        assert json.loads(lock.read_text())["pid"] == proc.pid  # left behind, taken over below
+    res = subprocess.run(_cmd(model_dir, run), capture_output=True, text=True, env=_env(), timeout=900)
+    assert res.returncode == 0, res.stderr[-4000:]
+    assert "resumed from" in res.stdout + res.stderr
+    assert (full / "final" / "model.safetensors").read_bytes() == (run / "final" / "model.safetensors").read_bytes()
+    steps = [json.loads(x)["step"] for x in (run / "data_order.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, 13))
+    assert not lock.exists()

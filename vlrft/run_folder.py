@@ -1,0 +1,143 @@
+"""Run-folder ownership: one writer per run folder, one run (lineage) per folder.
+
+:func:`run_in_folder` is the one entry point of every trainer (train-policy and train-reward-model use it;
+a new trainer wraps its run the same way)::
+
+    with run_in_folder(out, strategy, resume=cfg.train.resume, overwrite=cfg.train.overwrite):
+        ...  # build, train, checkpoint, export
+
+On entry (rank 0 decides, every rank gets the same verdict):
+- ``LOCK`` (pid, host, start time) is created exclusively. A live holder refuses the run with
+  :class:`RunFolderError` naming the folder and the holder; a holder whose pid is dead on this host is
+  taken over (said on the console).
+- A fresh run (``resume=never``, or ``auto`` with no complete checkpoint) into a folder that holds another
+  run's outputs is refused unless ``overwrite`` (which clears the folder first), so logs are never mixed.
+- ``RUN.json`` holds the run id: a fresh run gets a new one, a resumed run keeps it. Checkpoints carry it
+  in their manifest and pruning deletes only checkpoints of this run id.
+On exit (normal, exception, Ctrl-C) the lock is released; after a SIGKILL it is taken over by the next run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import time
+import uuid
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+from vlrft import checkpoints
+from vlrft.errors import RunFolderError
+
+LOCK = "LOCK"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    return True
+
+
+def acquire_lock(out: Path, log=print) -> dict:
+    """Take ``out/LOCK`` for this process (taking over a dead holder's); returns what was written."""
+    out.mkdir(parents=True, exist_ok=True)
+    me = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    path = out / LOCK
+    for _ in range(3):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            try:
+                holder = json.loads(path.read_text())
+            except (OSError, ValueError):
+                holder = {}
+            if not holder and time.time() - path.stat().st_mtime < 5:  # being written right now
+                time.sleep(0.2)
+                continue
+            live = holder.get("host") != me["host"] or _pid_alive(int(holder.get("pid", -1)))
+            if holder and live:
+                raise RunFolderError(
+                    f"{out}: in use by pid {holder.get('pid')} on {holder.get('host')} since "
+                    f"{holder.get('started')} ({path}); wait for that run to end or choose another train.output_dir"
+                )
+            log(f"{out}: taking over the lock of pid {holder.get('pid')} on {holder.get('host')} (no longer running)")
+            path.unlink(missing_ok=True)
+            continue
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(me) + "\n")
+        return me
+    raise RunFolderError(f"{out}: could not take {path}; remove it if no run uses this folder")
+
+
+def release_lock(out: Path) -> None:
+    path = Path(out) / LOCK
+    try:
+        if json.loads(path.read_text()).get("pid") == os.getpid():
+            path.unlink()
+    except (OSError, ValueError):
+        pass
+
+
+def _outputs(out: Path) -> list[str]:
+    return sorted(p.name for p in out.iterdir() if p.name != LOCK) if out.is_dir() else []
+
+
+def claim(out: Path, resume: str, overwrite: bool, log=print) -> str:
+    """Decide whether this run may write into ``out`` (lock already held); returns the run id."""
+    resuming = resume not in ("never", "auto") or (
+        resume == "auto" and checkpoints.latest_checkpoint(out / "checkpoints") is not None
+    )
+    if resuming:
+        run = checkpoints.run_id(out)
+        if run is None:  # a folder written before run ids: its checkpoints stay untouched by pruning
+            run = uuid.uuid4().hex[:12]
+            (out / checkpoints.RUN_FILE).write_text(json.dumps({"run_id": run, "resumed": True}) + "\n")
+        return run
+    found = _outputs(out)
+    if found and not overwrite:
+        raise RunFolderError(
+            f"{out}: holds another run's outputs ({', '.join(found[:5])}{', ...' if len(found) > 5 else ''}) and "
+            f"this run starts fresh (train.resume={resume}); use train.resume=auto to continue it, "
+            "train.overwrite=true to clear it, or another train.output_dir"
+        )
+    for name in found:
+        p = out / name
+        shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+    if found:
+        log(f"{out}: cleared the previous run's outputs (train.overwrite=true)")
+    run = uuid.uuid4().hex[:12]
+    meta = {"run_id": run, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "host": socket.gethostname()}
+    (out / checkpoints.RUN_FILE).write_text(json.dumps(meta) + "\n")
+    return run
+
+
+@contextmanager
+def run_in_folder(out: str | Path, strategy: Any, *, resume: str, overwrite: bool, log=print) -> Iterator[str]:
+    """Own ``out`` for the duration of the run (see the module docstring); yields the run id."""
+    out = Path(out)
+    verdict: tuple[str | None, str | None] = (None, None)
+    if strategy.is_rank0:
+        try:
+            acquire_lock(out, log)
+            try:
+                verdict = (claim(out, resume, overwrite, log), None)
+            except RunFolderError:
+                release_lock(out)
+                raise
+        except RunFolderError as exc:
+            verdict = (None, str(exc))
+    run, error = strategy.all_gather_object(verdict)[0]
+    if error is not None:
+        raise RunFolderError(error)
+    try:
+        yield run
+    finally:
+        if strategy.is_rank0:
+            release_lock(out)
