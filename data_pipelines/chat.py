@@ -64,19 +64,22 @@ class EncodedChat(EncodedPrompt):
         return int((self.labels != IGNORE_INDEX).sum())
 
 
-def chat_from_prompt(record: PromptRecord, response: str, *, system_prompt: str | None = None) -> ChatRecord:
-    """A one-turn conversation: the prompt record's user turn (images inline) answered by ``response``."""
-    messages = build_messages(record, system_prompt=system_prompt, response=response)
+def chat_from_prompt(
+    record: PromptRecord, response: str, *, system_prompt: str | None = None, prompt_template: str | None = None
+) -> ChatRecord:
+    """A one-turn conversation: the prompt record's user turn (images inline, ``prompt_template`` applied as
+    in generation) answered by ``response``."""
+    messages = build_messages(record, system_prompt=system_prompt, prompt_template=prompt_template, response=response)
     return ChatRecord(record.id, messages, task=record.task, answer=record.answer, metadata=dict(record.metadata))
 
 
-def pair_conversations(pair: PreferencePair, *, system_prompt: str | None = None) -> tuple[ChatRecord, ChatRecord]:
+def pair_conversations(
+    pair: PreferencePair, *, system_prompt: str | None = None, prompt_template: str | None = None
+) -> tuple[ChatRecord, ChatRecord]:
     """The (chosen, rejected) conversations of a preference pair (same prompt, same images)."""
     prompt = PromptRecord(pair.id, pair.prompt, list(pair.images), task=pair.task, system=pair.system)
-    return (
-        chat_from_prompt(prompt, pair.chosen, system_prompt=system_prompt),
-        chat_from_prompt(prompt, pair.rejected, system_prompt=system_prompt),
-    )
+    kw = {"system_prompt": system_prompt, "prompt_template": prompt_template}
+    return chat_from_prompt(prompt, pair.chosen, **kw), chat_from_prompt(prompt, pair.rejected, **kw)
 
 
 def normalise_messages(messages: Any, images: list[Any], image_kwargs: dict[str, Any] | None = None) -> list[dict]:

@@ -14,6 +14,8 @@ import sys
 COMMANDS = [
     "vlrft.commands.make_tiny_model",
     "vlrft.commands.train_policy",
+    "vlrft.commands.train_sft",
+    "vlrft.commands.train_dpo",
     "vlrft.commands.eval",
     "vlrft.commands.prepare_data",
     "vlrft.commands.train_reward_model",
