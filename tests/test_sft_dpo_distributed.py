@@ -48,7 +48,7 @@ def _args(model: Path, out: Path, batch_size: int, strategy: str = "single", ste
         f"train.batch_size={batch_size}",
         "train.micro_batch_size=1",  # gradient accumulation over micro-batches of unequal lengths, too
         "data.synthetic_train_size=16",
-        "data.eval_source=",
+        "data.eval_source=''",
         "optim.lr=1e-3",
         # Adam turns rounding-level gradient differences (reduction order) into lr-sized steps when eps is
         # tiny; eps 1e-4 keeps the comparison about the strategies (as the reward-model test does)

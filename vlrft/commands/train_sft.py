@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from vlrft.commands import add_config_command, config_from_args
+
+# used when no CONFIG.yaml is given: the tiny demo run
+DEMO_CONFIG = Path(__file__).resolve().parents[1] / "trainer" / "sft_demo.yaml"
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -28,5 +32,5 @@ def run(args: argparse.Namespace) -> int:
     from vlrft.trainer.supervised_config import SFTTrainConfig
     from vlrft.trainer.supervised_run import train_sft
 
-    train_sft(config_from_args(SFTTrainConfig, args.items))
+    train_sft(config_from_args(SFTTrainConfig, args.items, default=DEMO_CONFIG))
     return 0

@@ -1,8 +1,9 @@
 """Typed configs of ``vlrft train-sft`` and ``vlrft train-dpo`` (YAML file + ``key.sub=value`` overrides).
 
-The defaults ARE the embedded demos: with no config, ``train-sft`` fine-tunes a tiny random Qwen2.5-VL
-on demonstrations of the synthetic colour task and ``train-dpo`` optimises the same tiny model on
-right-vs-wrong answer pairs of it, both printing held-out results before and after.
+With no config the commands use their embedded demos (``sft_demo.yaml``, ``dpo_demo.yaml`` next to this
+file): ``train-sft`` fine-tunes a tiny random Qwen2.5-VL on demonstrations of the synthetic colour task
+and ``train-dpo`` optimises the same tiny model on right-vs-wrong answer pairs of it, both printing
+held-out results before and after.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ class SupervisedDataConfig:
     )
     synthetic_train_size: int = option(256, "records drawn for a synthetic train_source")
     synthetic_eval_size: int = option(64, "records drawn for a synthetic eval_source")
-    synthetic_options: dict = option({"num_colors": 4, "noise": 24}, "options of the synthetic task")
+    synthetic_options: dict = option({}, "options of the synthetic task, e.g. {num_colors: 4, noise: 24}")
     response_template: str = option(
         "{answer}", "synthetic tasks: the demonstration (sft) / both responses (dpo) made from the answer"
     )
