@@ -82,7 +82,9 @@ def main() -> None:
         f"train.output_dir={out / 'sft'}",
         *quiet,
     ]
-    t = vlrft(["train-sft", *sft], out / "sft.log")
+    # a CONFIG of its own, so that the embedded demo's colour-task options do not apply
+    (out / "sft.yaml").write_text("data:\n  synthetic_options: {}\n")
+    t = vlrft(["train-sft", str(out / "sft.yaml"), *sft], out / "sft.log")
     result["sft"] = {"seconds": t, "evals": evals(out / "sft")}
     print("SFT:", result["sft"], flush=True)
     t = vlrft(
