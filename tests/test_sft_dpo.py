@@ -107,3 +107,32 @@ def test_dpo_precomputed_reference_gives_the_same_training(tiny_model, tmp_path)
     for k, v in states["live"].items():
         assert (states["precomputed"][k] - v).abs().max() <= 1e-6
         assert (states["micro"][k] - v).abs().max() <= 1e-5
+
+
+def test_both_commands_train_on_user_files(tiny_model, tmp_path):
+    """train-sft on a chat JSONL (images by path) with held-out prompt records, train-dpo on a preference-pair
+    JSONL: the user-file paths end to end (2 steps each)."""
+    from data_pipelines.synthetic import make_preference_pairs
+    from data_pipelines.writers import write_records
+
+    records = make_prompt_records("color", 6, seed=3)
+    for i, r in enumerate(records):
+        r.images[0].save(tmp_path / f"{i}.png")
+    chats = tmp_path / "chats.jsonl"
+    rows = [
+        {"prompt": "<image>What colour?", "response": r.answer, "images": [f"{i}.png"]} for i, r in enumerate(records)
+    ]
+    chats.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    held_out = write_prompt_records(records[:2], tmp_path / "held_out.jsonl")
+    common = [f"model.path={tiny_model('qwen2_5_vl')}", "train.max_steps=2", "train.batch_size=2", *QUIET]
+    sft = tmp_path / "sft"
+    args = [f"data.train_source={chats}", f"data.eval_source={held_out}", f"train.output_dir={sft}"]
+    assert main(["train-sft", *common, *args]) == 0
+    assert [r["eval/n"] for r in _rows(sft) if "eval/n" in r] == [2.0, 2.0]
+    pairs = write_records(make_preference_pairs("color", 4, seed=4), tmp_path / "pairs.jsonl")
+    dpo = tmp_path / "dpo"
+    args = [f"data.train_source={pairs}", f"data.eval_source={pairs}", f"train.output_dir={dpo}"]
+    assert main(["train-dpo", *common, *args]) == 0
+    rows = [r for r in _rows(dpo) if "eval/preference_accuracy" in r]
+    assert [r["step"] for r in rows] == [0, 2] and rows[0]["eval/preference_accuracy"] == 0.0
+    assert (dpo / "final" / "model.safetensors").is_file()
