@@ -256,7 +256,7 @@ def train_reward_model(cfg: RewardModelTrainConfig, records: tuple[list, list] |
         cfg,
         evaluate=(lambda: evaluate(model, processor, held_out, cfg, strategy)) if held_out else None,
         processor=processor,
-        header=f"{cfg.model.kind}: {len(held_out)} held-out records, ",
+        header=f"{cfg.model.kind}: {len(train)} train / {len(held_out)} held-out records, ",
     )
     final = result["eval_after"]
     if strategy.is_rank0:

@@ -138,7 +138,7 @@ def fit(
     *,
     evaluate: Callable[[], dict[str, float]] | None = None,
     processor: Any = None,
-    header: str = "",
+    header: str = "",  # the first words of the start line (default: the record count)
 ) -> dict[str, Any]:
     """Train on ``train`` for ``settings.max_steps`` steps; returns ``steps``, ``eval_before``,
     ``eval_after``, ``last_train`` and ``resumed_from``.
@@ -167,7 +167,7 @@ def fit(
     if strategy.is_rank0:
         save_config(cfg, out)
         tracker.print(
-            f"{header}{len(train)} training records, world size {strategy.world_size}, "
+            f"{header or f'{len(train)} training records, '}world size {strategy.world_size}, "
             + (f"resumed from {resume}" if resume else "from scratch")
         )
     eval_before: dict[str, float] = {}

@@ -379,7 +379,7 @@ def train_sft(cfg: SFTTrainConfig) -> dict[str, Any]:
         cfg,
         evaluate=evaluate if prompts else None,
         processor=processor,
-        header="sft: ",
+        header=f"sft: {len(train)} training conversations, {len(prompts)} held-out prompts, ",
     )
     _report(strategy, "train-sft", result, out)
     return result
@@ -420,7 +420,7 @@ def train_dpo(cfg: DPOTrainConfig) -> dict[str, Any]:
         cfg,
         evaluate=evaluate if eval_pairs else None,
         processor=processor,
-        header=f"dpo ({cfg.dpo.loss_type}, beta {cfg.dpo.beta}): ",
+        header=f"dpo ({cfg.dpo.loss_type}): {len(train)} train / {len(eval_pairs)} held-out pairs, ",
     )
     _report(strategy, "train-dpo", result, out)
     return result
