@@ -1,8 +1,8 @@
 """The reward-model training loop (SRM on preference pairs, GRM on judgment records), top to bottom.
 
-One loop for both kinds and all strategies (single, FSDP2, DeepSpeed): the data order is a pure
-function of (seed, step), so a checkpoint needs only the strategy's state, the step and the RNG
-states to resume exactly. Held-out accuracy every ``eval_every`` steps: pairwise accuracy (SRM,
+Both kinds train in the one supervised loop of the project (``vlrft.supervised.fit``: all strategies,
+exact resume, checkpoints, tracker, export), as SFT and DPO do; this module says what a batch and a
+loss are (:class:`SRMTask`, :class:`GRMTask`). Held-out accuracy every ``eval_every`` steps: pairwise accuracy (SRM,
 ``r(chosen) > r(rejected)`` on non-tied pairs) or judgment accuracy (GRM: the greedy judgment's
 verdict equals the target's verdict).
 """
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import time
 from pathlib import Path
 from typing import Any
 
@@ -25,17 +24,13 @@ from reward_models.encoding import encode_responses, encode_sft
 from reward_models.generative import generate_judgments, parse_judgment
 from reward_models.losses import bradley_terry_loss, judge_sft_loss
 from reward_models.scalar import ScalarRewardModel
-from vlrft import checkpoints
-from vlrft.config import save_config
-from vlrft.liveness import watch_ranks
+from vlrft import supervised
 from vlrft.models.loading import load_model
 from vlrft.models.tiny import make_tiny_model
-from vlrft.nonfinite import NonFiniteGuard
 from vlrft.rollout import make_engine
-from vlrft.run_folder import run_in_folder
-from vlrft.sampling import REWARD_ORDER_STRIDE, seeded_permutation
-from vlrft.strategies import make_strategy, rng_state, seed_everything, set_rng_state
-from vlrft.tracking import Tracker, truncate_run_logs
+from vlrft.run_folder import owned_run
+from vlrft.strategies import make_strategy, seed_everything
+from vlrft.supervised import LoopSettings
 
 
 # -- data ----------------------------------------------------------------------------------------
@@ -73,28 +68,6 @@ def _read(source: str, kind: str, on_bad_record: str) -> list:
     return records
 
 
-def batch_indices(
-    n: int, step: int, batch_size: int, rank: int, world: int, seed: int, group_size: int = 1
-) -> list[int]:
-    """This rank's record indices at ``step``: consecutive slices of per-epoch permutations.
-
-    With ``group_size`` g > 1, groups of g consecutive records (e.g. a prompt's right and wrong
-    candidate) are permuted as units and stay next to each other (``batch_size`` should be a multiple of g).
-    """
-    n_groups = n // group_size
-    global_bs = batch_size * world
-    start = step * global_bs + rank * batch_size
-    orders: dict[int, list[int]] = {}
-    out = []
-    for pos in range(start, start + batch_size):
-        epoch, i = divmod(pos, n_groups * group_size)
-        if epoch not in orders:
-            orders[epoch] = seeded_permutation(n_groups, seed, epoch, stride=REWARD_ORDER_STRIDE)
-        group, offset = divmod(i, group_size)
-        out.append(orders[epoch][group] * group_size + offset)
-    return out
-
-
 def _system(record: Any, cfg: RewardModelTrainConfig) -> str | None:
     return record.system or cfg.data.system_prompt or None
 
@@ -112,37 +85,71 @@ def grm_batch(processor: Any, records: list, cfg: RewardModelTrainConfig) -> dic
     return encode_sft(processor, items, cfg.data.max_length, [r.id for r in records])
 
 
-# -- losses --------------------------------------------------------------------------------------
-def srm_loss(model: Any, batch: dict, pairs: list, cfg: RewardModelTrainConfig, device) -> tuple[torch.Tensor, dict]:
-    rewards = model(**model_inputs(batch, device))
-    b = len(pairs)
-    chosen, rejected = rewards[:b], rewards[b:]
-    margin = torch.tensor([p.margin for p in pairs], device=rewards.device) if cfg.loss.use_margin else None
-    tie = torch.tensor([p.tie for p in pairs], device=rewards.device)
-    loss = bradley_terry_loss(chosen, rejected, margin, tie, cfg.loss.tie_mode, cfg.loss.log_theta).mean()
-    with torch.no_grad():
-        keep = ~tie
-        acc = ((chosen > rejected) & keep).float().sum() / keep.float().sum().clamp(min=1)
-    return loss, {
-        "loss": loss.detach(),
-        "accuracy": acc,
-        "reward_chosen": chosen.detach().mean(),
-        "reward_rejected": rejected.detach().mean(),
-    }
+# -- the tasks the supervised loop trains (vlrft.supervised) ----------------------------------------
+class SRMTask:
+    """Bradley-Terry on preference pairs: a batch is the chosen then the rejected conversations (2B rows);
+    the loss unit is a pair."""
+
+    def __init__(self, processor: Any, cfg: RewardModelTrainConfig, device: Any):
+        self.processor, self.cfg, self.device = processor, cfg, device
+
+    def encode(self, pairs: list) -> dict:
+        batch = srm_batch(self.processor, pairs, self.cfg)
+        batch["margin"] = torch.tensor([p.margin for p in pairs], dtype=torch.float32)
+        batch["tie"] = torch.tensor([p.tie for p in pairs])
+        return batch
+
+    def units(self, batch: dict) -> float:
+        return float(batch["tie"].numel())
+
+    def loss(self, module: Any, batch: dict, total_units: float) -> tuple[torch.Tensor, dict]:
+        rewards = module(**model_inputs(batch, self.device))
+        b = batch["tie"].numel()
+        chosen, rejected = rewards[:b], rewards[b:]
+        tie = batch["tie"].to(rewards.device)
+        margin = batch["margin"].to(rewards.device) if self.cfg.loss.use_margin else None
+        per_pair = bradley_terry_loss(chosen, rejected, margin, tie, self.cfg.loss.tie_mode, self.cfg.loss.log_theta)
+        with torch.no_grad():
+            keep = ~tie
+            acc = ((chosen > rejected) & keep).float().sum() / keep.float().sum().clamp(min=1)
+        metrics = {
+            "accuracy": acc,
+            "reward_chosen": chosen.detach().mean(),
+            "reward_rejected": rejected.detach().mean(),
+        }
+        return per_pair.sum() / total_units, metrics
 
 
-def grm_loss(model: Any, batch: dict, device, verdict_weight: float = 1.0) -> tuple[torch.Tensor, dict]:
-    """Judge SFT loss on the target tokens only (:func:`~reward_models.losses.judge_sft_loss`)."""
-    labels = batch["labels"].to(device)
-    verdict = batch["verdict_mask"].to(device)
-    logits = model(**model_inputs(batch, device)).logits
-    loss = judge_sft_loss(logits, labels, verdict, verdict_weight)
-    with torch.no_grad():
-        hit = logits[:, :-1].argmax(-1) == labels[:, 1:]
-        mask, verdict = labels[:, 1:] != -100, verdict[:, 1:]
-        tok_acc = (hit & mask).sum() / mask.sum().clamp(min=1)
-        verdict_acc = (hit & verdict).sum() / verdict.sum().clamp(min=1)
-    return loss, {"loss": loss.detach(), "token_accuracy": tok_acc, "verdict_token_accuracy": verdict_acc}
+class GRMTask:
+    """Judge SFT (:func:`~reward_models.losses.judge_sft_loss`) on the target tokens; the loss unit is a
+    target token, weighted ``verdict_loss_weight`` on the verdict's tokens."""
+
+    def __init__(self, processor: Any, cfg: RewardModelTrainConfig, device: Any):
+        self.processor, self.cfg, self.device = processor, cfg, device
+
+    def encode(self, records: list) -> dict:
+        return grm_batch(self.processor, records, self.cfg)
+
+    def units(self, batch: dict) -> float:
+        labelled = (batch["labels"][:, 1:] != -100).double()
+        w = self.cfg.judge.verdict_loss_weight
+        return float((labelled * (1 + (w - 1) * batch["verdict_mask"][:, 1:].double())).sum())
+
+    def loss(self, module: Any, batch: dict, total_units: float) -> tuple[torch.Tensor, dict]:
+        labels = batch["labels"].to(self.device)
+        verdict = batch["verdict_mask"].to(self.device)
+        logits = module(**model_inputs(batch, self.device)).logits
+        mean = judge_sft_loss(logits, labels, verdict, self.cfg.judge.verdict_loss_weight)
+        with torch.no_grad():
+            hit = logits[:, :-1].argmax(-1) == labels[:, 1:]
+            mask, verdict = labels[:, 1:] != -100, verdict[:, 1:]
+            tok_acc = (hit & mask).sum() / mask.sum().clamp(min=1)
+            verdict_acc = (hit & verdict).sum() / verdict.sum().clamp(min=1)
+        # the batch's token mean back to its sum, over the step's units on all ranks
+        return mean * (self.units(batch) / total_units), {
+            "token_accuracy": tok_acc,
+            "verdict_token_accuracy": verdict_acc,
+        }
 
 
 # -- evaluation ----------------------------------------------------------------------------------
@@ -215,9 +222,11 @@ def train_reward_model(cfg: RewardModelTrainConfig, records: tuple[list, list] |
 
     out = Path(cfg.train.output_dir)
     strategy = make_strategy(cfg.strategy, cfg.optim)
-    with run_in_folder(out, strategy, resume=cfg.train.resume, overwrite=cfg.train.overwrite):
-        with watch_ranks(out / ".liveness", strategy, cfg.strategy.heartbeat_timeout_s):
-            return _train(cfg, strategy, out, records)
+    t = cfg.train
+    with owned_run(
+        out, strategy, resume=t.resume, overwrite=t.overwrite, heartbeat_timeout_s=cfg.strategy.heartbeat_timeout_s
+    ):
+        return _train(cfg, strategy, out, records)
 
 
 def _train(cfg: RewardModelTrainConfig, strategy: Any, out: Path, records: tuple[list, list] | None) -> dict:
@@ -233,80 +242,33 @@ def _train(cfg: RewardModelTrainConfig, strategy: Any, out: Path, records: tuple
         raise ValueError("no training records (check data.train_source)")
     model, processor = build_model(cfg)
     model, _, _ = strategy.prepare(model, total_steps=cfg.train.max_steps)
-    ckpt_root = out / "checkpoints"
-    start = 0
-    resume = checkpoints.resume_path(ckpt_root, cfg.train.resume, log=print if strategy.is_rank0 else (lambda _: None))
-    guard = NonFiniteGuard(cfg.train.max_nonfinite_steps)
-    if resume is not None:
-        client = strategy.load_checkpoint(resume)
-        start = client["step"]
-        set_rng_state(client["rng"])
-        guard.skipped = client.get("nonfinite_skipped", 0)
-        if strategy.is_rank0:  # rows after the checkpoint belong to steps that will be redone
-            truncate_run_logs(out, start)
-    tracker = Tracker(out, cfg, strategy.is_rank0, start, cfg.train.max_steps, desc="train-reward-model")
-    if strategy.is_rank0:
-        save_config(cfg, out)
-        tracker.print(
-            f"{cfg.model.kind}: {len(train)} train / {len(held_out)} held-out records, "
-            f"world size {strategy.world_size}, " + (f"resumed from {resume}" if resume else "from scratch")
-        )
-    if start == 0 and held_out:
-        tracker.log(evaluate(model, processor, held_out, cfg, strategy), 0)
-    model.train()
-    sums: dict[str, float] = {}
-    n_acc, t0 = 0, time.time()
-    for step in range(start, cfg.train.max_steps):
-        idx = batch_indices(
-            len(train),
-            step,
-            cfg.train.batch_size,
-            strategy.rank,
-            strategy.world_size,
-            cfg.strategy.seed,
-            cfg.data.group_size,
-        )
-        records = [train[i] for i in idx]
-        if cfg.model.kind == "srm":
-            loss, metrics = srm_loss(model, srm_batch(processor, records, cfg), records, cfg, strategy.device)
-        else:
-            loss, metrics = grm_loss(
-                model, grm_batch(processor, records, cfg), strategy.device, cfg.judge.verdict_loss_weight
-            )
-        strategy.backward(loss)
-        metrics["grad_norm"] = torch.tensor(strategy.step())
-        guard.observe(strategy)
-        skipped = guard.end_step(step + 1)
-        for k, v in metrics.items():
-            sums[k] = sums.get(k, 0.0) + float(v)
-        n_acc += 1
-        done = step + 1
-        tracker.advance(float(loss.detach()))
-        if done % cfg.train.log_every == 0 or done == cfg.train.max_steps:
-            avg = torch.tensor([sums[k] / n_acc for k in sorted(sums)], dtype=torch.float64)
-            avg = strategy.all_reduce(avg, op="mean")
-            row = {f"train/{k}": v for k, v in zip(sorted(sums), avg.tolist())}
-            row["train/lr"] = strategy.lr
-            row.update(skipped)
-            row["train/steps_per_s"] = n_acc / max(time.time() - t0, 1e-9)
-            tracker.log(row, done)
-            sums, n_acc, t0 = {}, 0, time.time()
-        if held_out and cfg.train.eval_every and done % cfg.train.eval_every == 0 and done != cfg.train.max_steps:
-            tracker.log(evaluate(model, processor, held_out, cfg, strategy), done)
-        if cfg.train.save_every and done % cfg.train.save_every == 0 and done != cfg.train.max_steps:
-            _save(strategy, ckpt_root, done, cfg.train.keep_last, guard.skipped)
-    final = evaluate(model, processor, held_out, cfg, strategy) if held_out else {}
-    tracker.log(final, cfg.train.max_steps)
-    _save(strategy, ckpt_root, cfg.train.max_steps, cfg.train.keep_last, guard.skipped)
-    model_dir = out / "model"
-    strategy.save_pretrained(model_dir, processor)
-    tracker.close()
+    settings = LoopSettings(
+        output_dir=str(out),
+        max_steps=cfg.train.max_steps,
+        batch_size=cfg.train.batch_size,
+        seed=cfg.strategy.seed,
+        group_size=cfg.data.group_size,
+        log_every=cfg.train.log_every,
+        eval_every=cfg.train.eval_every,
+        save_every=cfg.train.save_every,
+        keep_last=cfg.train.keep_last,
+        resume=cfg.train.resume,
+        max_nonfinite_steps=cfg.train.max_nonfinite_steps,
+        export_dir="model",
+        desc="train-reward-model",
+    )
+    task = (SRMTask if cfg.model.kind == "srm" else GRMTask)(processor, cfg, strategy.device)
+    result = supervised.fit(
+        strategy,
+        task,
+        train,
+        settings,
+        cfg,
+        evaluate=(lambda: evaluate(model, processor, held_out, cfg, strategy)) if held_out else None,
+        processor=processor,
+        header=f"{cfg.model.kind}: {len(train)} train / {len(held_out)} held-out records, ",
+    )
+    final = result["eval_after"]
     if strategy.is_rank0:
         (out / "final_metrics.json").write_text(json.dumps(final, indent=2) + "\n")
     return final
-
-
-def _save(strategy: Any, root: Path, step: int, keep_last: int, skipped: int) -> None:
-    if not (checkpoints.checkpoint_dir(root, step) / "COMPLETE").is_file():  # a resumed finished run
-        state = {"step": step, "rng": rng_state(), "nonfinite_skipped": skipped}
-        checkpoints.save_checkpoint(strategy, root, step, state, keep_last)

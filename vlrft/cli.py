@@ -32,6 +32,8 @@ KNOWN_FAILURES: dict[type[BaseException], str] = {
 COMMANDS = [
     "vlrft.commands.make_tiny_model",
     "vlrft.commands.train_policy",
+    "vlrft.commands.train_sft",
+    "vlrft.commands.train_dpo",
     "vlrft.commands.eval",
     "vlrft.commands.prepare_data",
     "vlrft.commands.train_reward_model",

@@ -31,6 +31,7 @@ from typing import Any, Iterator
 
 from vlrft import checkpoints
 from vlrft.errors import RunFolderError
+from vlrft.liveness import watch_ranks
 
 LOCK = "LOCK"
 
@@ -141,3 +142,12 @@ def run_in_folder(out: str | Path, strategy: Any, *, resume: str, overwrite: boo
     finally:
         if strategy.is_rank0:
             release_lock(out)
+
+
+@contextmanager
+def owned_run(out: str | Path, strategy: Any, *, resume: str, overwrite: bool, heartbeat_timeout_s: float):
+    """What every trainer wraps its whole run in: the folder owned (:func:`run_in_folder`) and the ranks
+    watched (a lost rank stops the job naming it, ``vlrft.liveness``). Yields the run id."""
+    with run_in_folder(out, strategy, resume=resume, overwrite=overwrite) as run:
+        with watch_ranks(Path(out) / ".liveness", strategy, heartbeat_timeout_s):
+            yield run

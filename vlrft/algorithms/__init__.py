@@ -18,6 +18,8 @@ from vlrft.algorithms.kl import (
 )
 from vlrft.algorithms.logprobs import entropy_from_logits, high_entropy_mask, logprobs_from_logits
 from vlrft.algorithms.policy_losses import POLICY_LOSSES, compute_policy_loss, truncated_is_weights, value_loss
+from vlrft.algorithms.preference import PREFERENCE_LOSSES, preference_loss, rpo_loss
+from vlrft.algorithms.sft import sft_loss, shifted_targets
 from vlrft.algorithms.shaping import RunningRewardNormalizer, clip_rewards, combine_rewards, overlong_penalty
 
 __all__ = [
@@ -25,6 +27,7 @@ __all__ = [
     "KL_ESTIMATORS",
     "LOSS_AGG_MODES",
     "POLICY_LOSSES",
+    "PREFERENCE_LOSSES",
     "AdaptiveKLController",
     "DynamicSamplingExhausted",
     "FixedKLController",
@@ -45,6 +48,10 @@ __all__ = [
     "logprobs_from_logits",
     "more_prompts_needed",
     "overlong_penalty",
+    "preference_loss",
+    "rpo_loss",
+    "sft_loss",
+    "shifted_targets",
     "truncated_is_weights",
     "value_loss",
 ]

@@ -195,10 +195,6 @@ class Strategy:
         in training mode: without ``train()`` gradient checkpointing was silently off (seen on a GPU
         as the memory of a run with it on)."""
         model.train()
-        if self.cfg.freeze_vision_tower:
-            for name, p in model.named_parameters():
-                if ".visual." in f".{name}" or name.startswith("visual") or "vision_tower" in name:
-                    p.requires_grad_(False)
         if self.cfg.lora_rank > 0:
             from peft import LoraConfig, get_peft_model
 
@@ -211,6 +207,10 @@ class Strategy:
                     lora_dropout=0.0,
                 ),
             )
+        if self.cfg.freeze_vision_tower:  # after LoRA: peft also puts trainable adapters on the tower's MLPs
+            for name, p in model.named_parameters():
+                if ".visual." in f".{name}" or name.startswith("visual") or "vision_tower" in name:
+                    p.requires_grad_(False)
         if self.cfg.gradient_checkpointing:
             if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2x
                 model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})

@@ -15,10 +15,9 @@ from data_pipelines.synthetic import make_prompt_records
 from reward_models.pool import RewardPool
 from reward_models.scalar import HEAD_CONFIG, ScalarRewardModel
 from vlrft.config import ConfigError, save_config
-from vlrft.liveness import watch_ranks
 from vlrft.models.loading import load_model
 from vlrft.models.tiny import make_tiny_model
-from vlrft.run_folder import run_in_folder
+from vlrft.run_folder import owned_run
 from vlrft.strategies import make_strategy, seed_everything
 from vlrft.tracking import Tracker
 from vlrft.trainer.config import SYNTHETIC_PREFIX, PolicyTrainConfig
@@ -84,9 +83,10 @@ def train_policy(cfg: PolicyTrainConfig) -> dict[str, Any]:
     out = Path(cfg.train.output_dir)
     strategy = make_strategy(cfg.strategy, cfg.optim)
     t = cfg.train
-    with run_in_folder(out, strategy, resume=t.resume, overwrite=t.overwrite):
-        with watch_ranks(out / ".liveness", strategy, cfg.strategy.heartbeat_timeout_s):
-            return _train_policy(cfg, strategy, out)
+    with owned_run(
+        out, strategy, resume=t.resume, overwrite=t.overwrite, heartbeat_timeout_s=cfg.strategy.heartbeat_timeout_s
+    ):
+        return _train_policy(cfg, strategy, out)
 
 
 def _train_policy(cfg: PolicyTrainConfig, strategy: Any, out: Path) -> dict[str, Any]:

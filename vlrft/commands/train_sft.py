@@ -1,0 +1,36 @@
+"""``vlrft train-sft [CONFIG.yaml ...] [key.sub=value ...]``: supervised fine-tuning of a Qwen-VL policy or judge."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from vlrft.commands import add_config_command, config_from_args
+
+# used when no CONFIG.yaml is given: the tiny demo run
+DEMO_CONFIG = Path(__file__).resolve().parents[1] / "trainer" / "sft_demo.yaml"
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    from vlrft.trainer.supervised_config import SFTTrainConfig
+
+    add_config_command(
+        sub,
+        "train-sft",
+        schema=SFTTrainConfig,
+        func=run,
+        help="supervised fine-tuning on chat records (loss on assistant tokens only)",
+        description="Fine-tune on conversations (single or multi-turn, images in any turn, text-only) with the loss "
+        "on the assistant's tokens only. With no CONFIG it trains a tiny random Qwen2.5-VL on demonstrations of a "
+        "synthetic colour task and prints held-out accuracy before and after (about a minute on a laptop CPU). "
+        "The model goes to OUTPUT_DIR/final (train-policy model.path=..., vlrft eval). Ready configs: "
+        "configs/sft/*.yaml. Run under torchrun for fsdp2/deepspeed (strategy.name=...).",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from vlrft.trainer.supervised_config import SFTTrainConfig
+    from vlrft.trainer.supervised_run import train_sft
+
+    train_sft(config_from_args(SFTTrainConfig, args.items, default=DEMO_CONFIG))
+    return 0

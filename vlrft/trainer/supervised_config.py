@@ -1,0 +1,132 @@
+"""Typed configs of ``vlrft train-sft`` and ``vlrft train-dpo`` (YAML file + ``key.sub=value`` overrides).
+
+With no config the commands use their embedded demos (``sft_demo.yaml``, ``dpo_demo.yaml`` next to this
+file): ``train-sft`` fine-tunes a tiny random Qwen2.5-VL on demonstrations of the synthetic colour task
+and ``train-dpo`` optimises the same tiny model on right-vs-wrong answer pairs of it, both printing
+held-out results before and after.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from vlrft.algorithms import LOSS_AGG_MODES, PREFERENCE_LOSSES
+from vlrft.config import option
+from vlrft.strategies.base import OptimConfig, StrategyConfig
+from vlrft.tracking import LoggingConfig
+from vlrft.trainer.config import PolicyModelConfig
+
+
+@dataclass
+class SupervisedDataConfig:
+    """Training and held-out data: files read by data_pipelines, or a synthetic task."""
+
+    train_source: str = option(
+        "synthetic:color",
+        "train-sft: chat records (JSONL/JSON/Parquet/CSV/folder with `messages`, or `prompt` + `response`); "
+        "train-dpo: preference pairs (`prompt`, `chosen`, `rejected`, `images`); or synthetic:TASK "
+        "(color, shape, count_shapes, triangle_angle)",
+    )
+    eval_source: str = option(
+        "synthetic:color",
+        "held-out prompt records with `answer` (train-sft) or preference pairs (train-dpo), or synthetic:TASK "
+        "(drawn with another seed); empty: no held-out evaluation",
+    )
+    synthetic_train_size: int = option(256, "records drawn for a synthetic train_source")
+    synthetic_eval_size: int = option(64, "records drawn for a synthetic eval_source")
+    synthetic_options: dict = option({}, "options of the synthetic task, e.g. {num_colors: 4, noise: 24}")
+    response_template: str = option(
+        "{answer}", "synthetic tasks: the demonstration (sft) / both responses (dpo) made from the answer"
+    )
+    system_prompt: str = option("", "system prompt for records without one (empty: the chat template's)")
+    prompt_template: str = option("plain", "name in PROMPT_TEMPLATES or a format string with {prompt}")
+    max_length: int = option(1024, "longest conversation in tokens (images included); longer is an error")
+    on_bad_record: str = option(
+        "error", "a bad record stops the run (error) or is counted and skipped", choices=("error", "skip")
+    )
+
+
+@dataclass
+class SupervisedTrainConfig:
+    """Loop, evaluation and checkpoint settings (shared by train-sft and train-dpo)."""
+
+    output_dir: str = option("runs/train-sft", "run folder: config, metrics, checkpoints, final/ (the HF model)")
+    max_steps: int = option(60, "optimizer steps")
+    batch_size: int = option(16, "records (sft) or pairs (dpo) per step per process")
+    micro_batch_size: int = option(0, "records per forward for gradient accumulation (0: the whole batch)")
+    eval_every: int = option(0, "held-out evaluation every N steps besides before and after (0: never)")
+    eval_batch_size: int = option(16, "prompts per generate call in held-out evaluation")
+    eval_max_new_tokens: int = option(8, "greedy answer length limit in held-out evaluation")
+    eval_verifier: str = option("vocab_answer", "rule verifier scoring held-out greedy answers (reward_models)")
+    save_every: int = option(0, "checkpoint every N steps (0: only the final one)")
+    keep_last: int = option(2, "checkpoints kept (older ones deleted)")
+    resume: str = option("auto", "auto: resume from the latest complete checkpoint; never; or a checkpoint path")
+    overwrite: bool = option(False, "clear output_dir first when it holds another run's outputs (else refused)")
+    max_nonfinite_steps: int = option(5, "stop after this many consecutive steps skipped for NaN/inf values", ge=1)
+    log_every: int = option(10, "log training metrics every N steps", ge=1)
+
+    def validate(self) -> None:
+        if self.max_steps < 1 or self.batch_size < 1 or self.eval_batch_size < 1:
+            raise ValueError("max_steps, batch_size and eval_batch_size must be >= 1")
+        if self.micro_batch_size < 0 or self.keep_last < 1:
+            raise ValueError("micro_batch_size must be >= 0 and keep_last >= 1")
+
+
+@dataclass
+class SFTLossConfig:
+    """The SFT loss (vlrft.algorithms.sft)."""
+
+    loss_agg_mode: str = option(
+        "token-mean", "aggregation of the token NLL over the whole step", choices=("token-mean", "seq-mean-token-mean")
+    )
+
+
+@dataclass
+class DPOLossConfig:
+    """The preference loss (vlrft.algorithms.preference) and its reference model."""
+
+    loss_type: str = option("sigmoid", "sigmoid: DPO (with label_smoothing: cDPO); ipo: IPO", choices=PREFERENCE_LOSSES)
+    beta: float = option(0.1, "DPO beta (IPO tau): strength of the implicit KL to the reference")
+    label_smoothing: float = option(0.0, "conservative DPO: probability that a preference label is flipped")
+    rpo_alpha: float = option(0.0, "RPO: weight of the chosen response's length-normalised NLL (0: off)")
+    precompute_ref: bool = option(
+        False, "reference log-probs of every pair in a first pass, then the reference model is freed"
+    )
+
+    def validate(self) -> None:
+        if not self.beta > 0:
+            raise ValueError(f"beta must be > 0, got {self.beta}")
+        if not 0 <= self.label_smoothing < 0.5:
+            raise ValueError(f"label_smoothing must lie in [0, 0.5), got {self.label_smoothing}")
+
+
+@dataclass
+class SFTTrainConfig:
+    """``vlrft train-sft``: supervised fine-tuning on chat records, loss on assistant tokens only."""
+
+    model: PolicyModelConfig = option(PolicyModelConfig(), "the model to fine-tune")
+    data: SupervisedDataConfig = option(SupervisedDataConfig(), "training and held-out data")
+    sft: SFTLossConfig = option(SFTLossConfig(), "the loss")
+    optim: OptimConfig = option(OptimConfig(lr=3e-3), "AdamW and learning-rate schedule")
+    strategy: StrategyConfig = option(StrategyConfig(), "single process, FSDP2 or DeepSpeed; LoRA; frozen tower")
+    train: SupervisedTrainConfig = option(SupervisedTrainConfig(), "loop, evaluation, checkpoints")
+    logging: LoggingConfig = option(LoggingConfig(wandb_project="vlrft-sft"), "TensorBoard, wandb, progress bar")
+
+    def validate(self) -> None:
+        if self.sft.loss_agg_mode not in LOSS_AGG_MODES:
+            raise ValueError(f"sft.loss_agg_mode {self.sft.loss_agg_mode!r} is not one of {LOSS_AGG_MODES}")
+
+
+@dataclass
+class DPOTrainConfig:
+    """``vlrft train-dpo``: offline preference optimisation on preference pairs with images."""
+
+    model: PolicyModelConfig = option(PolicyModelConfig(), "the policy (and its frozen reference)")
+    data: SupervisedDataConfig = option(SupervisedDataConfig(), "training and held-out preference pairs")
+    dpo: DPOLossConfig = option(DPOLossConfig(), "the preference loss")
+    optim: OptimConfig = option(OptimConfig(lr=3e-3), "AdamW and learning-rate schedule")
+    strategy: StrategyConfig = option(StrategyConfig(), "single process, FSDP2 or DeepSpeed; LoRA; frozen tower")
+    train: SupervisedTrainConfig = option(
+        SupervisedTrainConfig(output_dir="runs/train-dpo"), "loop, evaluation, checkpoints"
+    )
+    logging: LoggingConfig = option(LoggingConfig(wandb_project="vlrft-dpo"), "TensorBoard, wandb, progress bar")

@@ -1,0 +1,449 @@
+"""``vlrft train-sft`` and ``vlrft train-dpo`` end to end: data, model, reference, tasks, held-out evaluation.
+
+Both train in the one supervised loop (``vlrft.supervised.fit``); this module says what their batches
+and losses are:
+
+- :class:`SFTTask`: conversations with labels on assistant tokens only (``data_pipelines.chat``), the
+  masked token NLL over the step's global token count (``vlrft.algorithms.sft``);
+- :class:`DPOTask`: a pair's chosen and rejected conversations in ONE forward (2B rows); the frozen
+  reference's log-probs computed once per pair in the same layout (or precomputed in a first pass with
+  ``dpo.precompute_ref``, after which the reference is freed); the preference loss of
+  ``vlrft.algorithms.preference``.
+
+Held-out evaluation before and after: greedy answer accuracy through the eval harness and a rollout
+engine (both), held-out NLL on the demonstrations (SFT), implicit-reward preference accuracy (DPO).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from data_pipelines.chat import (
+    ChatRecord,
+    EncodedChat,
+    chat_from_prompt,
+    collate_chats,
+    encode_chat,
+    pair_conversations,
+    read_chat_records,
+)
+from data_pipelines.collate import model_inputs, tokenizer_of
+from data_pipelines.images import image_bounds
+from data_pipelines.readers import read_records
+from data_pipelines.records import PreferencePair, PromptRecord
+from data_pipelines.synthetic import make_preference_pairs, make_prompt_records
+from eval.benchmarks import user_benchmark
+from eval.runner import evaluate as run_eval
+from vlrft import supervised
+from vlrft.algorithms import logprobs_from_logits, preference_loss, rpo_loss, sft_loss, shifted_targets
+from vlrft.config import ConfigError
+from vlrft.models.loading import load_model
+from vlrft.models.tiny import make_tiny_model
+from vlrft.rollout import make_engine
+from vlrft.run_folder import owned_run
+from vlrft.strategies import make_strategy, seed_everything
+from vlrft.supervised import LoopSettings
+from vlrft.trainer.config import SYNTHETIC_PREFIX
+from vlrft.trainer.supervised_config import DPOTrainConfig, SFTTrainConfig
+
+EVAL_SEED_OFFSET = 10_000  # synthetic held-out records are drawn with seed + this (as train-policy does)
+CONSOLE_KEYS = ("train/loss", "train/token_accuracy", "train/rewards/", "eval/")
+
+
+# -- data -----------------------------------------------------------------------------------------
+def _synthetic(source: str) -> str | None:
+    return source[len(SYNTHETIC_PREFIX) :] if source.startswith(SYNTHETIC_PREFIX) else None
+
+
+def _bounds(processor: Any) -> dict[str, int]:
+    return image_bounds(processor) if getattr(processor, "image_processor", None) is not None else {}
+
+
+def _read(source: str, kind: str, cfg: Any, processor: Any) -> list:
+    records, report = read_records(source, kind=kind, on_bad_record=cfg.data.on_bad_record, **_bounds(processor))
+    if report.skipped:
+        print(report.summary())
+    return records
+
+
+def prompt_records(cfg: Any, processor: Any) -> list[PromptRecord]:
+    """Held-out prompts with answers (greedy accuracy): synthetic, prompt records, or the eval pairs' prompts."""
+    d = cfg.data
+    if not d.eval_source:
+        return []
+    task = _synthetic(d.eval_source)
+    if task is not None:
+        seed = cfg.strategy.seed + EVAL_SEED_OFFSET
+        return make_prompt_records(task, d.synthetic_eval_size, seed, **d.synthetic_options)
+    if isinstance(cfg, DPOTrainConfig):
+        return [pair_prompt(p) for p in preference_pairs(d.eval_source, d.synthetic_eval_size, 0, cfg, processor)]
+    return _read(d.eval_source, "prompt", cfg, processor)
+
+
+def pair_prompt(pair: PreferencePair) -> PromptRecord:
+    """A pair's prompt with its chosen answer (``ground_truth`` for synthetic pairs) as the reference."""
+    answer = pair.metadata.get("ground_truth", pair.chosen)
+    return PromptRecord(pair.id, pair.prompt, pair.images, str(answer), pair.task, pair.system, pair.metadata)
+
+
+def preference_pairs(source: str, size: int, seed: int, cfg: Any, processor: Any) -> list[PreferencePair]:
+    task = _synthetic(source)
+    if task is None:
+        return _read(source, "preference", cfg, processor)
+    return make_preference_pairs(
+        task, size, seed, response_template=cfg.data.response_template, **cfg.data.synthetic_options
+    )
+
+
+def sft_records(cfg: SFTTrainConfig, processor: Any) -> list[ChatRecord]:
+    d = cfg.data
+    task = _synthetic(d.train_source)
+    if task is None:
+        records, report = read_chat_records(d.train_source, on_bad_record=d.on_bad_record, processor=processor)
+        if report.skipped:
+            print(report.summary())
+        return records
+    prompts = make_prompt_records(task, d.synthetic_train_size, cfg.strategy.seed, **d.synthetic_options)
+    return [_demonstration(r, cfg) for r in prompts]
+
+
+def _demonstration(record: PromptRecord, cfg: Any) -> ChatRecord:
+    d = cfg.data
+    return chat_from_prompt(
+        record,
+        d.response_template.format(answer=record.answer),
+        system_prompt=d.system_prompt or None,
+        prompt_template=d.prompt_template,
+    )
+
+
+# -- log-probs ------------------------------------------------------------------------------------
+def sequence_logprobs(module: Any, batch: dict, device: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(token log-probs [N, T-1], target mask [N, T-1], summed log-prob of the labelled tokens [N])``."""
+    logits = module(**model_inputs(batch, device)).logits
+    targets, mask = shifted_targets(batch["labels"].to(device))
+    logps = logprobs_from_logits(logits[:, :-1], targets)
+    return logps, mask, (logps * mask).sum(-1)
+
+
+class _Encoder:
+    """Encodes conversations once per record (cached) and collates them."""
+
+    def __init__(self, processor: Any, max_length: int):
+        self.processor, self.max_length = processor, max_length
+        self.pad = tokenizer_of(processor).pad_token_id
+        self.cache: dict[int, EncodedChat] = {}
+
+    def chat(self, record: ChatRecord) -> EncodedChat:
+        key = id(record)
+        if key not in self.cache:
+            self.cache[key] = encode_chat(self.processor, record, self.max_length)
+        return self.cache[key]
+
+    def collate(self, records: list[ChatRecord]) -> dict:
+        return collate_chats([self.chat(r) for r in records], self.pad)
+
+
+class SFTTask:
+    """Masked token NLL on assistant tokens; the loss unit is a target token (token-mean) or a sequence."""
+
+    def __init__(self, processor: Any, cfg: SFTTrainConfig, device: Any):
+        self.enc, self.mode, self.device = _Encoder(processor, cfg.data.max_length), cfg.sft.loss_agg_mode, device
+
+    def encode(self, records: list[ChatRecord]) -> dict:
+        return self.enc.collate(records)
+
+    def units(self, batch: dict) -> float:
+        mask = batch["labels"][:, 1:] != -100
+        return float(mask.sum() if self.mode == "token-mean" else (mask.sum(-1) > 0).sum())
+
+    def loss(self, module: Any, batch: dict, total_units: float) -> tuple[torch.Tensor, dict]:
+        logps, mask, _ = sequence_logprobs(module, batch, self.device)
+        count = {"global_token_count" if self.mode == "token-mean" else "num_sequences": total_units}
+        loss = sft_loss(logps, mask, loss_agg_mode=self.mode, **count)
+        with torch.no_grad():
+            token_acc = ((logps > -0.6931) & mask).sum() / mask.sum().clamp(min=1)  # p(target) > 1/2
+        return loss, {"token_accuracy": token_acc}
+
+
+class DPOTask:
+    """Preference loss on pairs; chosen and rejected in one forward, reference log-probs once per pair."""
+
+    def __init__(self, processor: Any, cfg: DPOTrainConfig, strategy: Any, ref_model: Any):
+        self.enc, self.cfg, self.device, self.ref = (
+            _Encoder(processor, cfg.data.max_length),
+            cfg,
+            strategy.device,
+            ref_model,
+        )
+        self.convs: dict[int, tuple[ChatRecord, ChatRecord]] = {}
+        self.ref_logps: dict[int, tuple[float, float]] = {}  # by id(pair): computed once per pair
+        # a sharded reference forwards in lockstep on all ranks, so it is not skipped for pairs one rank has
+        # seen (with dpo.precompute_ref every rank computes every pair once, up front)
+        self.reuse = not strategy.shards_parameters
+
+    def conversations(self, pair: PreferencePair) -> tuple[ChatRecord, ChatRecord]:
+        if id(pair) not in self.convs:
+            d = self.cfg.data
+            self.convs[id(pair)] = pair_conversations(
+                pair, system_prompt=d.system_prompt or None, prompt_template=d.prompt_template
+            )
+        return self.convs[id(pair)]
+
+    @torch.no_grad()
+    def reference(self, pairs: list[PreferencePair], batch: dict | None = None) -> torch.Tensor:
+        """Reference log-probs ``[2B]`` (chosen then rejected), from the cache or one reference forward."""
+        missing = [p for p in pairs if id(p) not in self.ref_logps or (self.ref is not None and not self.reuse)]
+        if missing:
+            if self.ref is None:
+                raise RuntimeError("reference log-probs missing and the reference model was freed")
+            if batch is None or len(missing) != len(pairs):
+                batch = self.encode_pairs(missing)
+            _, _, seq = sequence_logprobs(self.ref, batch, self.device)
+            b = len(missing)
+            for i, p in enumerate(missing):
+                self.ref_logps[id(p)] = (float(seq[i]), float(seq[b + i]))
+        values = [self.ref_logps[id(p)] for p in pairs]
+        return torch.tensor([c for c, _ in values] + [r for _, r in values], dtype=torch.float64)
+
+    def encode_pairs(self, pairs: list[PreferencePair]) -> dict:
+        convs = [self.conversations(p) for p in pairs]
+        return self.enc.collate([c for c, _ in convs] + [r for _, r in convs])
+
+    def encode(self, pairs: list[PreferencePair]) -> dict:
+        batch = self.encode_pairs(pairs)
+        batch["ref_logps"] = self.reference(pairs, batch)
+        return batch
+
+    def units(self, batch: dict) -> float:
+        return float(batch["ref_logps"].numel() // 2)
+
+    def pair_losses(self, module: Any, batch: dict) -> tuple[torch.Tensor, dict]:
+        _, mask, seq = sequence_logprobs(module, batch, self.device)
+        b = seq.numel() // 2
+        ref = batch["ref_logps"].to(self.device, seq.dtype)
+        d = self.cfg.dpo
+        per_pair, metrics = preference_loss(
+            seq[:b],
+            seq[b:],
+            ref[:b],
+            ref[b:],
+            loss_type=d.loss_type,
+            beta=d.beta,
+            label_smoothing=d.label_smoothing,
+        )
+        return rpo_loss(per_pair, seq[:b], mask[:b].sum(-1), d.rpo_alpha), metrics
+
+    def loss(self, module: Any, batch: dict, total_units: float) -> tuple[torch.Tensor, dict]:
+        per_pair, metrics = self.pair_losses(module, batch)
+        return per_pair.sum() / total_units, {k: v.mean() for k, v in metrics.items()}
+
+
+# -- held-out evaluation --------------------------------------------------------------------------
+def _even_share(records: list, strategy: Any) -> list:
+    """This rank's share; every rank gets the same count (sharded models generate in lockstep)."""
+    records = records[: len(records) - len(records) % strategy.world_size]
+    return records[strategy.rank :: strategy.world_size]
+
+
+def greedy_accuracy(strategy: Any, processor: Any, records: list[PromptRecord], cfg: Any) -> dict[str, float]:
+    """Greedy held-out answer accuracy through the eval harness and an hf engine on the trained model."""
+    mine = _even_share(records, strategy)
+    model = strategy.unwrap()
+    engine = make_engine("hf", model, processor, synced=strategy.shards_parameters, micro_batch_size=16)
+    metrics = run_eval(
+        model,
+        processor,
+        mine,
+        user_benchmark("heldout", cfg.train.eval_verifier, cfg.data.prompt_template),
+        n=1,
+        temperature=0.0,
+        max_new_tokens=cfg.train.eval_max_new_tokens,
+        batch_size=cfg.train.eval_batch_size,
+        seed=cfg.strategy.seed,
+        system_prompt=cfg.data.system_prompt or None,
+        engine=engine,
+    )
+    total = strategy.all_reduce(
+        torch.tensor([len(mine), metrics["accuracy"] * len(mine)], dtype=torch.float64), op="sum"
+    ).tolist()
+    return {"eval/accuracy": total[1] / max(total[0], 1), "eval/n": total[0]}
+
+
+def _batched(items: list, size: int):
+    for i in range(0, len(items), size):
+        yield items[i : i + size]
+
+
+@torch.no_grad()
+def heldout_nll(strategy: Any, task: SFTTask, records: list[ChatRecord], batch_size: int) -> dict[str, float]:
+    """Token-mean NLL of the held-out demonstrations."""
+    module = strategy.train_module
+    module.eval()
+    nll = tokens = 0.0
+    for chunk in _batched(_even_share(records, strategy), batch_size):
+        logps, mask, _ = sequence_logprobs(module, task.encode(chunk), strategy.device)
+        nll, tokens = nll - float((logps * mask).sum()), tokens + float(mask.sum())
+    total = strategy.all_reduce(torch.tensor([nll, tokens], dtype=torch.float64), op="sum").tolist()
+    return {"eval/nll": total[0] / max(total[1], 1)}
+
+
+@torch.no_grad()
+def heldout_preferences(strategy: Any, task: DPOTask, pairs: list[PreferencePair], batch_size: int) -> dict:
+    """Implicit-reward preference accuracy (``beta log pi/pi_ref`` of chosen > rejected; a tie is a miss)."""
+    module = strategy.train_module
+    module.eval()
+    sums = torch.zeros(3, dtype=torch.float64)
+    for chunk in _batched(_even_share(pairs, strategy), batch_size):
+        _, metrics = task.pair_losses(module, task.encode(chunk))
+        sums += torch.tensor(
+            [len(chunk), metrics["rewards/accuracy"].sum(), metrics["rewards/margins"].sum()], dtype=torch.float64
+        )
+    n, acc, margin = strategy.all_reduce(sums, op="sum").tolist()
+    return {"eval/preference_accuracy": acc / max(n, 1), "eval/reward_margin": margin / max(n, 1)}
+
+
+# -- the runs -------------------------------------------------------------------------------------
+def _owned(cfg: Any, run: Callable[[Any, Any], dict[str, Any]]) -> dict[str, Any]:
+    """``run(cfg, strategy)`` inside the owned run folder (lock, lineage, lost-rank watch)."""
+    strategy = make_strategy(cfg.strategy, cfg.optim)
+    t = cfg.train
+    with owned_run(
+        t.output_dir,
+        strategy,
+        resume=t.resume,
+        overwrite=t.overwrite,
+        heartbeat_timeout_s=cfg.strategy.heartbeat_timeout_s,
+    ):
+        return run(cfg, strategy)
+
+
+def _setup(cfg: Any, strategy: Any) -> tuple[Any, Path, str]:
+    out = Path(cfg.train.output_dir)
+    seed_everything(cfg.strategy.seed)
+    path = cfg.model.path
+    if not path:  # a tiny random model (same seed, same bytes on every rank)
+        path = str(out / "initial-model")
+        if strategy.is_rank0 and not (out / "initial-model" / "config.json").is_file():
+            make_tiny_model(
+                path,
+                arch=cfg.model.tiny_arch,
+                hidden=cfg.model.tiny_hidden,
+                layers=cfg.model.tiny_layers,
+                seed=cfg.strategy.seed,
+            )
+        strategy.barrier()
+    return strategy, out, path
+
+
+def _settings(cfg: Any, out: Path, desc: str) -> LoopSettings:
+    t = cfg.train
+    return LoopSettings(
+        output_dir=str(out),
+        max_steps=t.max_steps,
+        batch_size=t.batch_size,
+        micro_batch_size=t.micro_batch_size,
+        seed=cfg.strategy.seed,
+        log_every=t.log_every,
+        eval_every=t.eval_every,
+        save_every=t.save_every,
+        keep_last=t.keep_last,
+        resume=t.resume,
+        max_nonfinite_steps=t.max_nonfinite_steps,
+        export_dir="final",
+        desc=desc,
+        console_keys=CONSOLE_KEYS,
+    )
+
+
+def _report(strategy: Any, name: str, result: dict, out: Path) -> None:
+    if not strategy.is_rank0:
+        return
+    before, after = result["eval_before"], result["eval_after"]
+    for key in after:
+        if key != "eval/n":
+            was = f"{before[key]:.3f} -> " if key in before else ""
+            print(f"{name}: held-out {key.removeprefix('eval/')} {was}{after[key]:.3f}")
+    print(f"{name}: model saved to {out / 'final'}")
+
+
+def train_sft(cfg: SFTTrainConfig) -> dict[str, Any]:
+    """Run ``vlrft train-sft``; returns the loop's result (eval before/after, steps)."""
+    return _owned(cfg, _train_sft)
+
+
+def _train_sft(cfg: SFTTrainConfig, strategy: Any) -> dict[str, Any]:
+    strategy, out, path = _setup(cfg, strategy)
+    model, processor = load_model(path, cfg.model.dtype)
+    train = sft_records(cfg, processor)
+    if not train:
+        raise ConfigError(f"data.train_source={cfg.data.train_source!r}: no training conversations")
+    prompts = prompt_records(cfg, processor)
+    heldout = [_demonstration(r, cfg) for r in prompts if r.answer is not None]
+    strategy.prepare(model, total_steps=cfg.train.max_steps)
+    task = SFTTask(processor, cfg, strategy.device)
+
+    def evaluate() -> dict[str, float]:
+        metrics = heldout_nll(strategy, task, heldout, cfg.train.eval_batch_size) if heldout else {}
+        return {**metrics, **greedy_accuracy(strategy, processor, prompts, cfg)}
+
+    result = supervised.fit(
+        strategy,
+        task,
+        train,
+        _settings(cfg, out, "train-sft"),
+        cfg,
+        evaluate=evaluate if prompts else None,
+        processor=processor,
+        header=f"sft: {len(train)} training conversations, {len(prompts)} held-out prompts, ",
+    )
+    _report(strategy, "train-sft", result, out)
+    return result
+
+
+def train_dpo(cfg: DPOTrainConfig) -> dict[str, Any]:
+    """Run ``vlrft train-dpo``; returns the loop's result (eval before/after, steps)."""
+    return _owned(cfg, _train_dpo)
+
+
+def _train_dpo(cfg: DPOTrainConfig, strategy: Any) -> dict[str, Any]:
+    strategy, out, path = _setup(cfg, strategy)
+    model, processor = load_model(path, cfg.model.dtype)
+    d = cfg.data
+    train = preference_pairs(d.train_source, d.synthetic_train_size, cfg.strategy.seed, cfg, processor)
+    if not train:
+        raise ConfigError(f"data.train_source={d.train_source!r}: no preference pairs")
+    eval_pairs = (
+        preference_pairs(d.eval_source, d.synthetic_eval_size, cfg.strategy.seed + EVAL_SEED_OFFSET, cfg, processor)
+        if d.eval_source
+        else []
+    )
+    prompts = [pair_prompt(p) for p in eval_pairs]
+    ref, _, _ = strategy.prepare(load_model(path, cfg.model.dtype)[0], trainable=False)
+    strategy.prepare(model, total_steps=cfg.train.max_steps)
+    task = DPOTask(processor, cfg, strategy, ref)
+    if cfg.dpo.precompute_ref:  # a first pass over every pair (same count on every rank), then free it
+        for chunk in _batched(train + eval_pairs, cfg.train.eval_batch_size):
+            task.reference(chunk)
+        task.ref = None
+        del ref
+
+    def evaluate() -> dict[str, float]:
+        metrics = heldout_preferences(strategy, task, eval_pairs, cfg.train.eval_batch_size)
+        return {**metrics, **greedy_accuracy(strategy, processor, prompts, cfg)}
+
+    result = supervised.fit(
+        strategy,
+        task,
+        train,
+        _settings(cfg, out, "train-dpo"),
+        cfg,
+        evaluate=evaluate if eval_pairs else None,
+        processor=processor,
+        header=f"dpo ({cfg.dpo.loss_type}): {len(train)} train / {len(eval_pairs)} held-out pairs, ",
+    )
+    _report(strategy, "train-dpo", result, out)
+    return result
