@@ -119,6 +119,7 @@ class PolicyTrainer:
         self._order_cache: tuple[int, list[int]] = (-1, [])  # (episode, its prompt order)
         self.history: list[dict[str, float]] = []
         self.out = Path(cfg.train.output_dir)
+        self.shared = cfg.train.shared_prompt_forward  # each prompt once per group (models/group_forward.py)
 
     # ----------------------------------------------------------------------------- data order
     def _updates_per_step(self) -> int:
@@ -244,7 +245,7 @@ class PolicyTrainer:
         values = None
         if self.critic is not None:
             mbs = self.cfg.train.micro_train_batch_size
-            values = infer_response_values(self.critic, batch, response_ids, micro_batch_size=mbs)
+            values = infer_response_values(self.critic, batch, response_ids, micro_batch_size=mbs, shared=self.shared)
         advantages, returns = global_advantages(self.strategy, a, token_rewards, response_mask, group_ids, values)
 
         metrics.update(rollout_metrics(rewards_t, per_source_t, self.accuracy_source, group_ids, rollouts))
@@ -267,8 +268,9 @@ class PolicyTrainer:
     def _logprobs(self, model, batch, response_ids) -> torch.Tensor:
         """Response log-probs ``[N, R]`` of ``model`` (old policy or reference), without gradient."""
         mbs = self.cfg.train.micro_train_batch_size
+        temperature = self._temperature()
         return infer_response_logprobs(
-            model, batch, response_ids, micro_batch_size=mbs, temperature=self._temperature()
+            model, batch, response_ids, micro_batch_size=mbs, temperature=temperature, shared=self.shared
         )
 
     def _temperature(self) -> float:
@@ -321,7 +323,7 @@ class PolicyTrainer:
         """PPO's clipped value loss on one micro-batch, weighted by ``value_coef``, backpropagated into the
         critic (logged unweighted as ``critic/loss``)."""
         a, cs = self.cfg.algorithm, self.critic_strategy
-        values = response_values(self.critic_module, mb, mb["response_ids"].shape[1], device=cs.device)
+        values = response_values(self.critic_module, mb, mb["response_ids"].shape[1], cs.device, self.shared)
         dev = values.device
         loss, m = value_loss(
             values,
@@ -341,7 +343,12 @@ class PolicyTrainer:
         a, r = self.cfg.algorithm, self.cfg.rollout
         # entropy is always computed: it is the metric that shows a collapsing policy
         logp, entropy = response_logprobs(
-            self.train_module, mb, mb["response_ids"], temperature=self._temperature(), with_entropy=True
+            self.train_module,
+            mb,
+            mb["response_ids"],
+            temperature=self._temperature(),
+            with_entropy=True,
+            shared=self.shared,
         )
         dev = logp.device
         mask = mb["response_mask"].to(dev)
