@@ -13,6 +13,7 @@ from data_pipelines.records import PromptRecord
 from reward_models.scalar import ScalarRewardModel
 from vlrft.models.group_forward import pack_groups, sample_images
 from vlrft.models.loading import load_model, load_processor
+from vlrft.rollout import SamplingParams, make_engine
 from vlrft.trainer.experience import Experience, infer_response_logprobs, response_logprobs, response_tensors
 
 
@@ -149,3 +150,30 @@ def test_critic_values_equal_unshared(tiny_model):
         shared = response_values(critic, batch, ids.shape[1], shared=True)
         plain = response_values(critic, batch, ids.shape[1], shared=False)
     assert (shared - plain)[mask.bool()].abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("arch", ["qwen2_5_vl", "qwen3_vl", "qwen2"])
+def test_engine_prefills_each_prompt_once_and_samples_as_the_plain_path(arch, tiny_model):
+    """The hf engine's ``prefill_once`` (one prefill per prompt, its KV cache expanded to the n samples)
+    gives the plain repeated-prompt path's tokens, greedy and seeded sampling alike; the vision tower
+    encodes each prompt's images once."""
+    model, proc = load_model(tiny_model(arch), torch.float32)
+    recs = _records(with_images=arch != "qwen2")
+    prompts = [encode_prompt(proc, r) for r in recs]
+    engine = make_engine("hf", model, proc)
+    assert engine.prefill_once
+    seen: list[int] = []
+    visual = getattr(getattr(model, "model", None), "visual", None)
+    if visual is not None:
+        visual.register_forward_hook(lambda mod, args, out: seen.append(args[0].shape[0]))
+    results = {}
+    for once in (True, False):
+        engine.prefill_once = once
+        greedy = engine.generate(prompts, SamplingParams(n=3, temperature=0, max_new_tokens=8))
+        torch.manual_seed(7)
+        sampled = engine.generate(prompts, SamplingParams(n=3, temperature=1.0, max_new_tokens=8))
+        results[once] = [[x.response_ids.tolist() for x in out] for out in (greedy, sampled)]
+    assert results[True] == results[False]
+    if visual is not None:
+        patches = sum(int(p.image_grid_thw.prod(-1).sum()) for p in prompts if p.image_grid_thw is not None)
+        assert seen == [patches, patches, 3 * patches, 3 * patches]  # prefill once vs per sample
