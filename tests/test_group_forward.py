@@ -11,7 +11,7 @@ from PIL import Image
 from data_pipelines.collate import collate_sequences, encode_prompt
 from data_pipelines.records import PromptRecord
 from reward_models.scalar import ScalarRewardModel
-from vlrft.models.group_forward import pack_groups, sample_images
+from vlrft.models.group_forward import pack_groups, sample_images, shared_forward_applies
 from vlrft.models.loading import load_model, load_processor
 from vlrft.rollout import SamplingParams, make_engine
 from vlrft.trainer.experience import Experience, infer_response_logprobs, response_logprobs, response_tensors
@@ -177,3 +177,15 @@ def test_engine_prefills_each_prompt_once_and_samples_as_the_plain_path(arch, ti
     if visual is not None:
         patches = sum(int(p.image_grid_thw.prod(-1).sum()) for p in prompts if p.image_grid_thw is not None)
         assert seen == [patches, patches, 3 * patches, 3 * patches]  # prefill once vs per sample
+
+
+def test_shared_forward_applies_only_with_prompt_index_and_a_block_mask_kernel(tiny_model):
+    model, proc = load_model(tiny_model("qwen2_5_vl"), torch.float32)
+    batch, _, _ = _batch(proc, _records(True)[:2], [2, 1])
+    assert shared_forward_applies(model, batch)
+    assert not shared_forward_applies(model, {k: v for k, v in batch.items() if k != "prompt_index"})
+    model.config._attn_implementation = "flash_attention_2"  # takes no 4-D mask: the plain rows are used
+    try:
+        assert not shared_forward_applies(model, batch)
+    finally:
+        model.config._attn_implementation = "sdpa"

@@ -84,6 +84,15 @@ def _attention_kind(model: torch.nn.Module) -> str:
     return getattr(text, "_attn_implementation", None) or getattr(config, "_attn_implementation", "sdpa")
 
 
+# attention implementations that take an arbitrary 4-D mask (flash-attention 2 does not: plain rows there)
+BLOCK_MASK_ATTENTION = ("sdpa", "eager")
+
+
+def shared_forward_applies(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> bool:
+    """The batch says which samples share a prompt and the model's attention takes the block mask."""
+    return "prompt_index" in batch and _attention_kind(model) in BLOCK_MASK_ATTENTION
+
+
 def _prompt_positions(owner: Any, ids: torch.Tensor, types: torch.Tensor | None, grid: torch.Tensor | None):
     """The prompt's m-rope positions ``[3, L]`` (1-D text positions repeated where it has no image)."""
     if owner is None or grid is None or types is None:

@@ -21,7 +21,12 @@ from vlrft.algorithms import (
     filter_zero_variance_groups,
     logprobs_from_logits,
 )
-from vlrft.models.group_forward import sample_images, shared_prompt_logits, shared_prompt_values
+from vlrft.models.group_forward import (
+    sample_images,
+    shared_forward_applies,
+    shared_prompt_logits,
+    shared_prompt_values,
+)
 from vlrft.rollout import Rollout
 from vlrft.tracking import image_refs
 
@@ -144,7 +149,7 @@ def response_logprobs(
     (with the batch's ``prompt_index``): each prompt computed once per group (vlrft.models.group_forward)."""
     device = device or next(model.parameters()).device
     r = response_ids.shape[1]
-    if shared and "prompt_index" in batch:
+    if shared and shared_forward_applies(model, batch):
         picked = shared_prompt_logits(model, batch, r, device)  # [N, R, V]
     else:
         prompt_len = batch["prompt_lengths"].to(device)
@@ -171,7 +176,7 @@ def response_values(
     ``ScalarRewardModel`` called with ``per_token=True``): value j is read at position prompt_len - 1 + j.
     ``shared``: each prompt computed once per group, as in :func:`response_logprobs`."""
     device = device or next(critic.parameters()).device
-    if shared and "prompt_index" in batch:
+    if shared and shared_forward_applies(critic, batch):
         return shared_prompt_values(critic, batch, width, device)
     values = critic(**model_inputs(batch, device), per_token=True)  # [N, T]
     pos = (batch["prompt_lengths"].to(device) - 1)[:, None] + torch.arange(width, device=device)[None]
