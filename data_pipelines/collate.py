@@ -131,7 +131,8 @@ def collate_sequences(
     """Right-padded training batch of prompt + response for samples ``i`` of prompt ``prompt_index[i]``.
 
     Returns ``input_ids``, ``attention_mask``, ``action_mask`` (1 on response tokens, aligned with
-    ``input_ids``), ``prompt_lengths`` [N], ``response_lengths`` [N], ``images_per_sample`` [N] and the
+    ``input_ids``), ``prompt_index`` [N], ``prompt_lengths`` [N], ``response_lengths`` [N],
+    ``images_per_sample`` [N] and the
     samples' images (``pixel_values``, ``image_grid_thw`` in sample order, with ``mm_token_type_ids``).
     """
     if len(prompt_index) != len(responses):
@@ -152,6 +153,7 @@ def collate_sequences(
         "input_ids": ids,
         "attention_mask": attn,
         "action_mask": action,
+        "prompt_index": torch.tensor(prompt_index, dtype=torch.long),  # samples of one prompt share it
         "prompt_lengths": torch.tensor([prompts[j].input_ids.numel() for j in prompt_index]),
         "response_lengths": torch.tensor([r.numel() for r in responses]),
         "images_per_sample": torch.tensor([prompts[j].num_images for j in prompt_index]),

@@ -1,29 +1,69 @@
 """Time one GRPO step of vlrft and of TRL's GRPOTrainer side by side, in one process, alternating.
 
-Both train the same tiny, randomly initialised Qwen2.5-VL (same initial weights) on the same synthetic
+Both train the same randomly initialised Qwen2.5-VL (same initial weights; sizes from ``--hidden --layers
+--heads --vision-depth --vision-hidden``, image tokens per prompt from ``--image-tokens``) on the same synthetic
 colour prompts with the same group size, response length, temperature, learning rate, token-mean loss
 and no KL (TRL: beta=0, loss_type="dapo", scale_rewards="group"; vlrft: the GRPO recipe with
 loss_agg_mode=token-mean, kl_coef=0). Blocks of steps alternate between the two so that machine noise
-hits both; the first block of each is warm-up and not counted. Prints per-step times and the ratio.
+hits both; the first block of each is warm-up and not counted. Prints per side the median step time and
+the peak memory (resident set on CPU, allocated on GPU), vlrft's per-phase times, and the ratio.
 
-    .venv/bin/pip install "trl>=1.16"     # TRL is not a dependency of vlrft
-    .venv/bin/python scripts/bench_grpo_step.py --prompts 4 --generations 4 --max-new-tokens 32
+TRL is not a dependency of vlrft; a venv of its own that reuses vlrft's packages (docs/benchmarks.md):
+
+    python3.11 -m venv .venv-trl
+    echo "$PWD/.venv/lib/python3.11/site-packages" > .venv-trl/lib/python3.11/site-packages/vlrft-venv.pth
+    .venv-trl/bin/pip install --no-deps "trl==1.16.*"
+    PYTHONPATH=$PWD .venv-trl/bin/python scripts/bench_grpo_step.py --hidden 512 --layers 6 --heads 4 \
+        --vision-depth 6 --vision-hidden 256 --image-tokens 144 --prompts 2 --generations 16 --max-new-tokens 48
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import statistics
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "disabled")
 
+import psutil  # noqa: E402
 import torch  # noqa: E402
+from safetensors.torch import load_file  # noqa: E402
+
+PHASES = ("time/rollout", "time/reward", "time/old_logprobs", "time/ref_logprobs", "time/update")
+
+
+class PeakMemory:
+    """Peak memory while a side runs: CUDA allocated on a GPU, else the process's resident set sampled
+    every 5 ms (the RSS also holds the other side's resident weights: compare the differences)."""
+
+    def __enter__(self):
+        self.peak, self._stop = 0, threading.Event()
+        if torch.cuda.is_available():
+            torch.cuda.reset_peak_memory_stats()
+        else:
+            self._thread = threading.Thread(target=self._sample, daemon=True)
+            self._thread.start()
+        return self
+
+    def _sample(self):
+        proc = psutil.Process()
+        while not self._stop.is_set():
+            self.peak = max(self.peak, proc.memory_info().rss)
+            time.sleep(0.005)
+
+    def __exit__(self, *exc):
+        if torch.cuda.is_available():
+            self.peak = torch.cuda.max_memory_allocated()
+        else:
+            self._stop.set()
+            self._thread.join()
 
 
 def vlrft_trainer(model_dir: Path, out: Path, a: argparse.Namespace):
@@ -51,6 +91,7 @@ def vlrft_trainer(model_dir: Path, out: Path, a: argparse.Namespace):
             "train.max_steps=0",
             "train.log_samples=0",
             "strategy.grad_clip=1.0",
+            f"train.shared_prompt_forward={str(a.shared).lower()}",
         ],
     )
     strategy = make_strategy(cfg.strategy, cfg.optim)
@@ -60,7 +101,7 @@ def vlrft_trainer(model_dir: Path, out: Path, a: argparse.Namespace):
     trainer = PolicyTrainer(cfg, strategy, model, proc, records, pool, accuracy=("accuracy", "vocab_answer"))
     trainer.total_steps = 0
 
-    def run(steps: int) -> list[float]:
+    def run(steps: int, phases: dict[str, list[float]]) -> list[float]:
         times = []
         for _ in range(steps):
             t0 = time.perf_counter()
@@ -70,6 +111,9 @@ def vlrft_trainer(model_dir: Path, out: Path, a: argparse.Namespace):
             trainer.engine.update_weights(trainer.strategy.full_params())
             trainer.step += 1
             times.append(time.perf_counter() - t0)
+            for k in PHASES:
+                if k in metrics:
+                    phases.setdefault(k, []).append(metrics[k])
         return times
 
     return run
@@ -114,7 +158,7 @@ def trl_trainer(model_dir: Path, out: Path, a: argparse.Namespace):
     processor = AutoProcessor.from_pretrained(model_dir, padding_side="left")
     state = {"done": 0}
 
-    def run(steps: int) -> list[float]:
+    def run(steps: int, phases: dict[str, list[float]]) -> list[float]:
         times.clear()
         args = GRPOConfig(
             output_dir=str(out),
@@ -155,44 +199,87 @@ def trl_trainer(model_dir: Path, out: Path, a: argparse.Namespace):
     return run
 
 
+def model_folder(root: Path, a: argparse.Namespace) -> Path:
+    """A random Qwen2.5-VL of the asked sizes whose processor gives ``--image-tokens`` tokens per image."""
+    from vlrft.models.tiny import make_tiny_model
+
+    sizes = dict(hidden=a.hidden, layers=a.layers, heads=a.heads, vision_depth=a.vision_depth)
+    model_dir = make_tiny_model(root / "model", arch="qwen2_5_vl", seed=0, vision_hidden=a.vision_hidden, **sizes)
+    if a.image_tokens:  # a square image of exactly this many merged 28 x 28 patches
+        cfg_file = model_dir / "processor_config.json"
+        cfg = json.loads(cfg_file.read_text())
+        edge = a.image_tokens * 28 * 28
+        cfg["image_processor"]["size"] = {"shortest_edge": edge, "longest_edge": edge}
+        cfg_file.write_text(json.dumps(cfg, indent=2))
+    return model_dir
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--prompts", type=int, default=4)
     p.add_argument("--generations", type=int, default=4)
     p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--hidden", type=int, default=64, help="LLM hidden size")
+    p.add_argument("--layers", type=int, default=2, help="LLM decoder layers")
+    p.add_argument("--heads", type=int, default=4, help="LLM attention heads (KV heads: 2)")
+    p.add_argument("--vision-depth", type=int, default=2, help="vision tower blocks")
+    p.add_argument("--vision-hidden", type=int, default=64, help="vision tower hidden size")
+    p.add_argument("--image-tokens", type=int, default=0, help="LLM tokens per image (0: the tiny default, 4-16)")
     p.add_argument("--lr", type=float, default=1e-5)
     p.add_argument("--block", type=int, default=5, help="steps per alternating block")
     p.add_argument("--rounds", type=int, default=3, help="alternating rounds counted (after one warm-up round)")
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
+    p.add_argument("--sides", default="vlrft,trl", help="comma-separated: vlrft, trl")
+    p.add_argument(
+        "--no-shared", dest="shared", action="store_false", help="vlrft with train.shared_prompt_forward=false"
+    )
     a = p.parse_args()
     torch.set_num_threads(a.threads)
-    from vlrft.models.tiny import make_tiny_model
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-grpo-"))
-    model_dir = make_tiny_model(tmp / "model", arch="qwen2_5_vl", seed=0)
-    runners = {"vlrft": vlrft_trainer(model_dir, tmp / "vlrft", a), "trl": trl_trainer(model_dir, tmp / "trl", a)}
+    model_dir = model_folder(tmp, a)
+    params = sum(t.numel() for t in load_file(str(model_dir / "model.safetensors")).values())
+    makers = {"vlrft": vlrft_trainer, "trl": trl_trainer}
+    runners = {k: makers[k](model_dir, tmp / k, a) for k in a.sides.split(",")}
     times: dict[str, list[float]] = {k: [] for k in runners}
+    peaks: dict[str, int] = {k: 0 for k in runners}
+    phases: dict[str, dict[str, list[float]]] = {k: {} for k in runners}
     for rnd in range(a.rounds + 1):
         for name, run in runners.items():
-            t = run(a.block)
+            counted: dict[str, list[float]] = {}
+            with PeakMemory() as mem:
+                t = run(a.block, counted)
             if rnd > 0:
                 times[name] += t
+                peaks[name] = max(peaks[name], mem.peak)
+                for k, v in counted.items():
+                    phases[name].setdefault(k, []).extend(v)
     med = {k: statistics.median(v) for k, v in times.items()}
+    load = os.getloadavg()
     print(
         f"machine: {platform.machine()} {platform.processor() or ''}, {os.cpu_count()} cores, "
-        f"torch {torch.__version__}, "
-        f"threads {a.threads}"
+        f"torch {torch.__version__}, threads {a.threads}, "
+        f"load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}"
+        + (f", GPU {torch.cuda.get_device_name()}" if torch.cuda.is_available() else "")
     )
     print(
-        f"settings: tiny Qwen2.5-VL (random), {a.prompts} prompts x {a.generations} generations, "
-        f"{a.max_new_tokens} new tokens, no KL, token-mean loss, {a.rounds} x {a.block} steps each, alternating"
+        f"settings: random Qwen2.5-VL {params / 1e6:.1f} M parameters (hidden {a.hidden}, {a.layers} layers, "
+        f"{a.heads} heads, vision {a.vision_hidden} x {a.vision_depth}), "
+        f"image tokens {a.image_tokens or '4-16'}, {a.prompts} prompts x {a.generations} generations, "
+        f"{a.max_new_tokens} new tokens, no KL, token-mean loss, shared prompt forward {a.shared}, "
+        f"{a.rounds} x {a.block} steps each, alternating"
     )
+    memory = "peak GPU allocated" if torch.cuda.is_available() else "peak RSS"
     for k, v in times.items():
         print(
             f"{k:>6}: median {med[k] * 1000:.0f} ms/step (mean {statistics.mean(v) * 1000:.0f}, "
-            f"min {min(v) * 1000:.0f}, max {max(v) * 1000:.0f}, n={len(v)})"
+            f"min {min(v) * 1000:.0f}, max {max(v) * 1000:.0f}, n={len(v)}), {memory} {peaks[k] / 2**20:.0f} MiB"
         )
-    print(f"ratio trl / vlrft (median step time): {med['trl'] / med['vlrft']:.2f}x")
+        if phases[k]:
+            parts = ", ".join(f"{p.split('/')[1]} {statistics.median(x) * 1000:.0f}" for p, x in phases[k].items())
+            print(f"{'':>6}  phases (median ms): {parts}")
+    if "trl" in med and "vlrft" in med:
+        print(f"ratio trl / vlrft (median step time): {med['trl'] / med['vlrft']:.2f}x")
 
 
 if __name__ == "__main__":

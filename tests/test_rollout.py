@@ -34,13 +34,13 @@ def _prompts(proc):
     return [encode_prompt(proc, r) for r in recs]
 
 
-def test_embed_once_matches_plain_generate_greedy(vl):
+def test_prefill_once_matches_plain_generate_greedy(vl):
     model, proc = vl
     prompts = _prompts(proc)
     engine = make_engine("hf", model, proc)
-    assert engine.embed_once
+    assert engine.prefill_once
     once = engine.generate(prompts, SamplingParams(n=2, temperature=0, max_new_tokens=5))
-    engine.embed_once = False
+    engine.prefill_once = False
     plain = engine.generate(prompts, SamplingParams(n=2, temperature=0, max_new_tokens=5))
     assert [r.prompt_index for r in once] == [0, 0, 1, 1, 2, 2]
     assert [r.response_ids.tolist() for r in once] == [r.response_ids.tolist() for r in plain]

@@ -61,7 +61,7 @@ def test_fsdp2_on_one_process_embeds_once_and_generates_as_the_plain_model(tiny_
     strategy = FSDP2Strategy(StrategyConfig(name="fsdp2"), OptimConfig())
     strategy.prepare(load_model(path)[0])
     engine = make_engine("hf", strategy.unwrap(), proc, synced=strategy.shards_parameters)
-    assert engine.embed_once  # one process: nothing sharded, no lockstep
+    assert engine.prefill_once  # one process: nothing sharded, no lockstep
     prompts = [encode_prompt(proc, rec) for rec in make_prompt_records("color", 2, seed=0)]
     sampling = SamplingParams(n=2, temperature=0, max_new_tokens=4)
     got = engine.generate(prompts, sampling)

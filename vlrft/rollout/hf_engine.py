@@ -1,9 +1,12 @@
 """The ``hf`` rollout engine: batched ``generate`` on the policy module itself (in-process weights).
 
-Images of a prompt are preprocessed once (the :class:`EncodedPrompt`) and, for Qwen2-VL/Qwen2.5-VL on
-an unsharded model, the vision encoder also runs once per unique prompt: the prompt's input
-embeddings (text + image features) are built once and repeated for its n samples. Sharded models
-(FSDP2, ZeRO-3) generate through the root module in lockstep (``synced_gpus``) instead.
+Images of a prompt are preprocessed once (the :class:`EncodedPrompt`) and, on an unsharded model
+(``prefill_once``), each prompt's prefill runs once: one forward over the left-padded prompts (the vision
+tower once per unique prompt, all but the last prompt token) fills a KV cache, the cache is expanded
+to the n samples (``batch_repeat_interleave``, with Qwen-VL's m-rope offsets), and ``generate``
+continues from it, so the prompt and its images are computed once per group instead of n times.
+Sharded models (FSDP2, ZeRO-3) generate through the root module in lockstep (``synced_gpus``) on the
+prompts repeated n times instead.
 """
 
 from __future__ import annotations
@@ -16,7 +19,6 @@ import torch
 from data_pipelines.collate import EncodedPrompt, collate_prompts, tokenizer_of
 from vlrft.rollout.base import Rollout, SamplingParams
 
-_EMBED_ONCE_TYPES = ("qwen2_vl", "qwen2_5_vl")
 _VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>")
 
 
@@ -33,7 +35,7 @@ class HFRolloutEngine:
         eos = gen_eos if gen_eos is not None else cfg.get_text_config().eos_token_id
         self.eos_ids = [i for i in (eos if isinstance(eos, (list, tuple)) else [eos]) if i is not None]
         self.pad_id = self.tokenizer.pad_token_id
-        self.embed_once = getattr(cfg, "model_type", "") in _EMBED_ONCE_TYPES and not synced
+        self.prefill_once = not synced
         # a response must never contain vision placeholders (the model would expect image features for them)
         vocab = self.tokenizer.get_vocab()
         self.suppress = [vocab[t] for t in _VISION_TOKENS if t in vocab]
@@ -51,26 +53,8 @@ class HFRolloutEngine:
 
     def _inputs(self, batch: dict[str, torch.Tensor], n: int, device) -> dict[str, torch.Tensor]:
         rep = {k: v.to(device) for k, v in batch.items()}
-        if "pixel_values" in rep and self.embed_once:
-            inner = self.model.model
-            embeds = self.model.get_input_embeddings()(rep["input_ids"])
-            feats = inner.get_image_features(pixel_values=rep["pixel_values"], image_grid_thw=rep["image_grid_thw"])
-            feats = getattr(feats, "pooler_output", feats)
-            feats = torch.cat(list(feats)) if isinstance(feats, (list, tuple)) else feats
-            image_mask = rep["input_ids"] == self.model.config.image_token_id
-            embeds = embeds.masked_scatter(image_mask.unsqueeze(-1), feats.to(embeds.dtype))
-            grid_per_prompt = _split_grids(
-                rep["input_ids"], rep["image_grid_thw"], self.model.config.image_token_id, self.merge_area
-            )
-            out = {
-                "input_ids": rep["input_ids"].repeat_interleave(n, 0),
-                "inputs_embeds": embeds.repeat_interleave(n, 0),
-                "attention_mask": rep["attention_mask"].repeat_interleave(n, 0),
-                "image_grid_thw": torch.cat([g for g in grid_per_prompt for _ in range(n)]),
-            }
-            if "mm_token_type_ids" in rep:
-                out["mm_token_type_ids"] = rep["mm_token_type_ids"].repeat_interleave(n, 0)
-            return out
+        if self.prefill_once and rep["input_ids"].shape[1] > 1:
+            return self._prefilled(rep, n)
         out = {
             "input_ids": rep["input_ids"].repeat_interleave(n, 0),
             "attention_mask": rep["attention_mask"].repeat_interleave(n, 0),
@@ -86,6 +70,30 @@ class HFRolloutEngine:
             out["pixel_values"] = torch.cat([p for p in pv for _ in range(n)])
             out["image_grid_thw"] = torch.cat([g for g in grids for _ in range(n)])
         return out
+
+    def _prefilled(self, rep: dict[str, torch.Tensor], n: int) -> dict[str, torch.Tensor]:
+        """``generate`` inputs whose KV cache already holds each prompt but its last token, computed once
+        per prompt and expanded to its n samples (prompts are left-padded: the last column is real)."""
+        cut = ("input_ids", "attention_mask", "mm_token_type_ids")
+        prefix = {k: (v[:, :-1] if k in cut else v) for k, v in rep.items()}
+        if "pixel_values" not in rep:  # the padding-aware text positions generate itself would use
+            prefix["position_ids"] = (prefix["attention_mask"].long().cumsum(-1) - 1).clamp(min=0)
+        inner = getattr(self.model, "model", None)
+        multimodal_rope = hasattr(inner, "rope_deltas")
+        if multimodal_rope:
+            inner.rope_deltas = None  # set by this prefill (image prompts) or zero (text positions above)
+        cache = self.model(**prefix, use_cache=True).past_key_values
+        cache.batch_repeat_interleave(n)
+        if multimodal_rope:  # generate continues at text position + each prompt's m-rope offset
+            deltas = inner.rope_deltas
+            if deltas is None:
+                deltas = torch.zeros((rep["input_ids"].shape[0], 1), dtype=torch.long, device=rep["input_ids"].device)
+            inner.rope_deltas = deltas.repeat_interleave(n, 0)
+        return {
+            "input_ids": rep["input_ids"].repeat_interleave(n, 0),
+            "attention_mask": rep["attention_mask"].repeat_interleave(n, 0),
+            "past_key_values": cache,
+        }
 
     @torch.no_grad()
     def generate(self, prompts: list[EncodedPrompt], sampling: SamplingParams) -> list[Rollout]:
@@ -118,7 +126,7 @@ class HFRolloutEngine:
                     kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
                 if sampling.stop:
                     kwargs.update(stop_strings=list(sampling.stop), tokenizer=self.tokenizer)
-                with _root_unsharded(model):  # the embed-once inputs call the root's embeddings directly too
+                with _root_unsharded(model):  # the prefill and generate share the root's gathered parameters
                     inputs = self._inputs(batch, sampling.n, device)
                     out = model.generate(**inputs, **kwargs)
                 new = out[:, width:].cpu()

@@ -141,6 +141,9 @@ class PolicyTrainLoopConfig:
         0, "samples per optimizer step, global (0: the whole rollout batch: one on-policy update)", ge=0
     )
     micro_train_batch_size: int = option(32, "samples per forward/backward per rank", ge=1)
+    shared_prompt_forward: bool = option(
+        True, "each prompt (text, images, vision tower) computed once per group in every training-side forward"
+    )
     max_epochs: int = option(1, "passes over each rollout batch (PPO epochs)", ge=1)
     eval_every: int = option(20, "held-out evaluation every N steps (0: only before and after)", ge=0)
     eval_temperature: float = option(0.0, "held-out evaluation temperature (0: greedy)", ge=0)

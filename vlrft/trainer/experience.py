@@ -21,6 +21,12 @@ from vlrft.algorithms import (
     filter_zero_variance_groups,
     logprobs_from_logits,
 )
+from vlrft.models.group_forward import (
+    sample_images,
+    shared_forward_applies,
+    shared_prompt_logits,
+    shared_prompt_values,
+)
 from vlrft.rollout import Rollout
 from vlrft.tracking import image_refs
 
@@ -112,9 +118,11 @@ class Experience:
             if k in b
         }
         out["prompt_lengths"] = b["prompt_lengths"][index]
+        if "prompt_index" in b:
+            out["prompt_index"] = b["prompt_index"][index]
         out["response_lengths"] = b["response_lengths"][index]
         if "pixel_values" in b:
-            out.update(_select_images(b, idx))
+            out.update(sample_images(b, idx))
         rlen = int(out["response_lengths"].max()) if len(idx) else 0
         out["response_ids"] = self.response_ids[index][:, :rlen]
         out["response_mask"] = self.response_mask[index][:, :rlen]
@@ -126,30 +134,6 @@ class Experience:
         return out
 
 
-def _select_images(batch: dict[str, torch.Tensor], idx: list[int]) -> dict[str, torch.Tensor]:
-    grid, per_sample = batch["image_grid_thw"], batch["images_per_sample"].tolist()
-    patch_counts = grid.prod(-1).tolist()
-    img_start = [0]
-    for c in per_sample:
-        img_start.append(img_start[-1] + c)
-    patch_start = [0]
-    for c in patch_counts:
-        patch_start.append(patch_start[-1] + c)
-    rows, grids = [], []
-    for i in idx:
-        a, b = img_start[i], img_start[i + 1]
-        if b > a:
-            rows.append(batch["pixel_values"][patch_start[a] : patch_start[b]])
-            grids.append(grid[a:b])
-    if not rows:
-        return {}
-    return {
-        "pixel_values": torch.cat(rows),
-        "image_grid_thw": torch.cat(grids),
-        "images_per_sample": batch["images_per_sample"][idx],
-    }
-
-
 def response_logprobs(
     model: torch.nn.Module,
     batch: dict[str, torch.Tensor],
@@ -158,30 +142,42 @@ def response_logprobs(
     temperature: float = 1.0,
     with_entropy: bool = False,
     device: torch.device | None = None,
+    shared: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs ``[N, R]`` of ``response_ids`` under ``model`` (temperature as in sampling), and the
-    token entropy ``[N, R]`` when asked. Positions past a response's end hold junk: mask them."""
+    token entropy ``[N, R]`` when asked. Positions past a response's end hold junk: mask them. ``shared``
+    (with the batch's ``prompt_index``): each prompt computed once per group (vlrft.models.group_forward)."""
     device = device or next(model.parameters()).device
-    prompt_len = batch["prompt_lengths"].to(device)
-    width = batch["input_ids"].shape[1]
     r = response_ids.shape[1]
-    start = int(prompt_len.min()) - 1  # first position whose logits predict a response token
-    out = model(**model_inputs(batch, device), logits_to_keep=width - start, use_cache=False)
-    logits = out.logits  # [N, width - start, V]
-    pos = (prompt_len - 1 - start)[:, None] + torch.arange(r, device=device)[None]  # [N, R]
-    pos = pos.clamp(max=logits.shape[1] - 1)
-    picked = logits.gather(1, pos[..., None].expand(-1, -1, logits.shape[-1]))  # [N, R, V]
+    if shared and shared_forward_applies(model, batch):
+        picked = shared_prompt_logits(model, batch, r, device)  # [N, R, V]
+    else:
+        prompt_len = batch["prompt_lengths"].to(device)
+        width = batch["input_ids"].shape[1]
+        start = int(prompt_len.min()) - 1  # first position whose logits predict a response token
+        out = model(**model_inputs(batch, device), logits_to_keep=width - start, use_cache=False)
+        logits = out.logits  # [N, width - start, V]
+        pos = (prompt_len - 1 - start)[:, None] + torch.arange(r, device=device)[None]  # [N, R]
+        pos = pos.clamp(max=logits.shape[1] - 1)
+        picked = logits.gather(1, pos[..., None].expand(-1, -1, logits.shape[-1]))  # [N, R, V]
     logp = logprobs_from_logits(picked, response_ids.to(device), temperature=temperature)
     entropy = entropy_from_logits(picked, temperature=temperature) if with_entropy else None
     return logp, entropy
 
 
 def response_values(
-    critic: torch.nn.Module, batch: dict[str, torch.Tensor], width: int, device: torch.device | None = None
+    critic: torch.nn.Module,
+    batch: dict[str, torch.Tensor],
+    width: int,
+    device: torch.device | None = None,
+    shared: bool = False,
 ) -> torch.Tensor:
     """A critic's values ``[N, width]`` of the states before each response token (a
-    ``ScalarRewardModel`` called with ``per_token=True``): value j is read at position prompt_len - 1 + j."""
+    ``ScalarRewardModel`` called with ``per_token=True``): value j is read at position prompt_len - 1 + j.
+    ``shared``: each prompt computed once per group, as in :func:`response_logprobs`."""
     device = device or next(critic.parameters()).device
+    if shared and shared_forward_applies(critic, batch):
+        return shared_prompt_values(critic, batch, width, device)
     values = critic(**model_inputs(batch, device), per_token=True)  # [N, T]
     pos = (batch["prompt_lengths"].to(device) - 1)[:, None] + torch.arange(width, device=device)[None]
     return values.gather(1, pos.clamp(max=values.shape[1] - 1))
@@ -195,6 +191,7 @@ def infer_response_logprobs(
     *,
     micro_batch_size: int,
     temperature: float = 1.0,
+    shared: bool = False,
 ) -> torch.Tensor:
     """:func:`response_logprobs` of every sample of ``batch`` (old or reference log-probs), without gradient
     in eval mode, ``micro_batch_size`` at a time; ``[N, R]`` float32 on CPU, zeros past each response."""
@@ -203,13 +200,18 @@ def infer_response_logprobs(
         batch,
         response_ids,
         micro_batch_size,
-        lambda part: response_logprobs(model, part, part["response_ids"], temperature=temperature)[0],
+        lambda part: response_logprobs(model, part, part["response_ids"], temperature=temperature, shared=shared)[0],
     )
 
 
 @torch.no_grad()
 def infer_response_values(
-    critic: torch.nn.Module, batch: dict[str, torch.Tensor], response_ids: torch.Tensor, *, micro_batch_size: int
+    critic: torch.nn.Module,
+    batch: dict[str, torch.Tensor],
+    response_ids: torch.Tensor,
+    *,
+    micro_batch_size: int,
+    shared: bool = False,
 ) -> torch.Tensor:
     """:func:`response_values` of a critic for every sample of ``batch``, like :func:`infer_response_logprobs`."""
     return _infer(
@@ -217,7 +219,7 @@ def infer_response_values(
         batch,
         response_ids,
         micro_batch_size,
-        lambda part: response_values(critic, part, part["response_ids"].shape[1]),
+        lambda part: response_values(critic, part, part["response_ids"].shape[1], shared=shared),
     )
 
 

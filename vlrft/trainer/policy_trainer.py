@@ -18,7 +18,6 @@ import torch
 
 from data_pipelines.collate import collate_sequences, encode_prompt, tokenizer_of
 from data_pipelines.records import PromptRecord
-from vlrft import checkpoints
 from vlrft.algorithms import (
     AdaptiveKLController,
     DynamicSamplingExhausted,
@@ -39,8 +38,9 @@ from vlrft.algorithms import (
 from vlrft.nonfinite import NonFiniteGuard
 from vlrft.rollout import SamplingParams, make_engine
 from vlrft.sampling import seeded_permutation
-from vlrft.strategies import Strategy, rng_state, set_rng_state
-from vlrft.tracking import append_jsonl, truncate_run_logs
+from vlrft.strategies import Strategy
+from vlrft.tracking import append_jsonl
+from vlrft.trainer import policy_state
 from vlrft.trainer.config import PolicyTrainConfig
 from vlrft.trainer.experience import (
     Experience,
@@ -121,6 +121,7 @@ class PolicyTrainer:
         self._order_cache: tuple[int, list[int]] = (-1, [])  # (episode, its prompt order)
         self.history: list[dict[str, float]] = []
         self.out = Path(cfg.train.output_dir)
+        self.shared = cfg.train.shared_prompt_forward  # each prompt once per group (models/group_forward.py)
 
     # ----------------------------------------------------------------------------- data order
     def _updates_per_step(self) -> int:
@@ -246,7 +247,7 @@ class PolicyTrainer:
         values = None
         if self.critic is not None:
             mbs = self.cfg.train.micro_train_batch_size
-            values = infer_response_values(self.critic, batch, response_ids, micro_batch_size=mbs)
+            values = infer_response_values(self.critic, batch, response_ids, micro_batch_size=mbs, shared=self.shared)
         advantages, returns = global_advantages(self.strategy, a, token_rewards, response_mask, group_ids, values)
 
         metrics.update(rollout_metrics(rewards_t, per_source_t, self.accuracy_source, group_ids, rollouts))
@@ -269,8 +270,9 @@ class PolicyTrainer:
     def _logprobs(self, model, batch, response_ids) -> torch.Tensor:
         """Response log-probs ``[N, R]`` of ``model`` (old policy or reference), without gradient."""
         mbs = self.cfg.train.micro_train_batch_size
+        temperature = self._temperature()
         return infer_response_logprobs(
-            model, batch, response_ids, micro_batch_size=mbs, temperature=self._temperature()
+            model, batch, response_ids, micro_batch_size=mbs, temperature=temperature, shared=self.shared
         )
 
     def _temperature(self) -> float:
@@ -325,7 +327,7 @@ class PolicyTrainer:
         """PPO's clipped value loss on one micro-batch, weighted by ``value_coef``, backpropagated into the
         critic (logged unweighted as ``critic/loss``)."""
         a, cs = self.cfg.algorithm, self.critic_strategy
-        values = response_values(self.critic_module, mb, mb["response_ids"].shape[1], device=cs.device)
+        values = response_values(self.critic_module, mb, mb["response_ids"].shape[1], cs.device, self.shared)
         dev = values.device
         loss, m = value_loss(
             values,
@@ -345,7 +347,12 @@ class PolicyTrainer:
         a, r = self.cfg.algorithm, self.cfg.rollout
         # entropy is always computed: it is the metric that shows a collapsing policy
         logp, entropy = response_logprobs(
-            self.train_module, mb, mb["response_ids"], temperature=self._temperature(), with_entropy=True
+            self.train_module,
+            mb,
+            mb["response_ids"],
+            temperature=self._temperature(),
+            with_entropy=True,
+            shared=self.shared,
         )
         dev = logp.device
         mask = mb["response_mask"].to(dev)
@@ -455,45 +462,8 @@ class PolicyTrainer:
             append_jsonl(self.out / "samples.jsonl", {"step": self.step, **row})
 
     # ----------------------------------------------------------------------------- checkpoints
-    def _client_state(self) -> dict[str, Any]:
-        return {
-            "step": self.step,
-            "cursor": self.cursor,
-            "rng": rng_state(),
-            "kl_coef": self.kl_ctl.value,
-            "normalizer": self.normalizer.state_dict() if self.normalizer is not None else None,
-            "history": self.history,
-            "nonfinite_skipped": self.guard.skipped,
-        }
-
     def save_checkpoint(self) -> Path:
-        keep = self.cfg.train.keep_last
-        if self.critic is not None:  # written first: a policy checkpoint implies its critic is complete
-            checkpoints.save_checkpoint(
-                self.critic_strategy, self.out / "critic_checkpoints", self.step, {"step": self.step}, keep
-            )
-        return checkpoints.save_checkpoint(
-            self.strategy, self.out / "checkpoints", self.step, self._client_state(), keep
-        )
+        return policy_state.save_checkpoint(self)
 
     def _maybe_resume(self) -> None:
-        log = self.tracker.print if self.tracker is not None else print
-        path = checkpoints.resume_path(self.out / "checkpoints", self.cfg.train.resume, log=log)
-        if path is None:
-            return
-        state = self.strategy.load_checkpoint(path)
-        if self.critic is not None:
-            critic = checkpoints.resume_path(self.out, str(self.out / "critic_checkpoints" / path.name), key="critic")
-            self.critic_strategy.load_checkpoint(critic)
-        self.step, self.cursor, self.history = state["step"], state["cursor"], state["history"]
-        self.kl_ctl.value = state["kl_coef"]
-        self.guard.skipped = state.get("nonfinite_skipped", 0)
-        if self.normalizer is not None and state["normalizer"] is not None:
-            self.normalizer.load_state_dict(state["normalizer"])
-        set_rng_state(state["rng"])
-        if self.strategy.is_rank0:  # logs written after the checkpoint belong to steps that will be redone
-            truncate_run_logs(self.out, self.step)
-        self.strategy.barrier()
-        self._sync_engine()  # an engine with its own weights still holds the initial ones
-        if self.tracker is not None:
-            self.tracker.print(f"resumed from {path} at step {self.step}")
+        policy_state.resume(self)

@@ -1,0 +1,191 @@
+"""The group-shared forward (vlrft/models/group_forward.py) equals the plain per-sample path: per-token
+log-probs, entropies, critic values and gradients, on mixed batches; and it really computes each prompt
+(and its vision tower) once per group."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from PIL import Image
+
+from data_pipelines.collate import collate_sequences, encode_prompt
+from data_pipelines.records import PromptRecord
+from reward_models.scalar import ScalarRewardModel
+from vlrft.models.group_forward import pack_groups, sample_images, shared_forward_applies
+from vlrft.models.loading import load_model, load_processor
+from vlrft.rollout import SamplingParams, make_engine
+from vlrft.trainer.experience import Experience, infer_response_logprobs, response_logprobs, response_tensors
+
+
+def _image(seed: int, size: tuple[int, int]) -> Image.Image:
+    g = torch.Generator().manual_seed(seed)
+    pixels = torch.randint(0, 256, (size[1], size[0], 3), generator=g, dtype=torch.uint8)
+    return Image.fromarray(pixels.numpy())
+
+
+def _records(with_images: bool) -> list[PromptRecord]:
+    if not with_images:  # a text-only model: three text prompts of different lengths
+        texts = ["what colour?", "A text-only prompt that is a little longer than the others.", "same or not?"]
+        return [PromptRecord(id=str(i), prompt=t) for i, t in enumerate(texts)]
+    recs = [
+        PromptRecord(id="one", prompt="<image> what colour?", images=[_image(1, (56, 84))]),
+        PromptRecord(id="text", prompt="A text-only prompt that is a little longer than the others."),
+        PromptRecord(id="two", prompt="<image> and <image>: same?", images=[_image(2, (56, 56)), _image(3, (112, 56))]),
+    ]
+    if with_images:
+        three = [_image(4, (56, 56)), _image(5, (84, 56)), _image(6, (56, 112))]
+        recs.append(PromptRecord(id="three", prompt="<image><image><image> count", images=three))
+    return recs
+
+
+def _batch(proc, recs, group_sizes, seed=0):
+    """Groups of ``group_sizes`` random responses of uneven lengths (1 to 9 tokens) per prompt."""
+    g = torch.Generator().manual_seed(seed)
+    prompts = [encode_prompt(proc, r) for r in recs]
+    index, responses = [], []
+    for p, n in enumerate(group_sizes):
+        for _ in range(n):
+            length = int(torch.randint(1, 10, (1,), generator=g))
+            responses.append(torch.randint(3, 200, (length,), generator=g))
+            index.append(p)
+    pad = proc.tokenizer.pad_token_id if hasattr(proc, "tokenizer") else proc.pad_token_id
+    batch = collate_sequences(prompts, index, responses, pad)
+    ids, mask = response_tensors(responses, pad)
+    return batch, ids, mask
+
+
+def _both(model, batch, ids, **kw):
+    shared = response_logprobs(model, batch, ids, with_entropy=True, shared=True, **kw)
+    plain = response_logprobs(model, batch, ids, with_entropy=True, shared=False, **kw)
+    return shared, plain
+
+
+@pytest.mark.parametrize("arch", ["qwen2_5_vl", "qwen2_vl", "qwen3_vl", "qwen2"])
+def test_shared_logprobs_and_entropies_equal_unshared(arch, tiny_model):
+    model, proc = load_model(tiny_model(arch), torch.float32)
+    model.eval()
+    recs = _records(with_images=arch != "qwen2")
+    sizes = [3, 1, 16, 2][: len(recs)]
+    batch, ids, mask = _batch(proc, recs, sizes)
+    with torch.no_grad():
+        (lp_s, ent_s), (lp_p, ent_p) = _both(model, batch, ids, temperature=0.7)
+    m = mask.bool()
+    dlp = (lp_s - lp_p)[m].abs().max().item()
+    dent = (ent_s - ent_p)[m].abs().max().item()
+    print(f"{arch}: max |dlogp| {dlp:.2e}, max |dentropy| {dent:.2e} over {int(m.sum())} tokens")
+    assert dlp < 1e-5 and dent < 1e-5
+    assert lp_s.shape == ids.shape and torch.isfinite(lp_s[m]).all()
+
+
+def test_gradients_equal_unshared_for_every_parameter(tiny_model):
+    """The policy loss's gradient wrt every parameter, vision tower included, within 1e-5 relative."""
+    model, proc = load_model(tiny_model("qwen2_5_vl"), torch.float32)
+    model.train()
+    batch, ids, mask = _batch(proc, _records(True), [2, 3, 5, 1], seed=1)
+    adv = torch.randn(ids.shape[0], 1).expand_as(ids)
+
+    def grads(shared: bool) -> dict[str, torch.Tensor]:
+        model.zero_grad()
+        logp, ent = response_logprobs(model, batch, ids, with_entropy=True, shared=shared)
+        loss = -(logp * adv * mask).sum() / mask.sum() - 0.01 * (ent * mask).sum() / mask.sum()
+        loss.backward()
+        return {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
+
+    gs, gp = grads(True), grads(False)
+    assert set(gs) == set(gp) and any(k.startswith("model.visual") for k in gs)
+    worst = max(((gs[k] - gp[k]).norm() / gp[k].norm().clamp_min(1e-12)).item() for k in gp if gp[k].norm() > 0)
+    print(f"{len(gp)} parameters, worst relative gradient difference {worst:.2e}")
+    assert worst < 1e-5
+
+
+def test_vision_tower_runs_once_per_unique_prompt(tiny_model):
+    """Counted with a forward hook on the real vision tower: image patches encoded, shared vs per sample."""
+    model, proc = load_model(tiny_model("qwen2_5_vl"), torch.float32)
+    model.eval()
+    recs = _records(True)
+    sizes = [4, 2, 8, 3]
+    batch, ids, _ = _batch(proc, recs, sizes)
+    seen: list[int] = []
+    handle = model.model.visual.register_forward_hook(lambda mod, args, out: seen.append(args[0].shape[0]))
+    try:
+        with torch.no_grad():
+            response_logprobs(model, batch, ids, shared=True)
+            response_logprobs(model, batch, ids, shared=False)
+    finally:
+        handle.remove()
+    firsts = [batch["prompt_index"].tolist().index(p) for p in range(len(recs))]
+    once = sample_images(batch, firsts)
+    assert once["image_grid_thw"].shape[0] == sum(len(r.images) for r in recs)  # 6 images, 34 in the batch
+    assert seen == [once["pixel_values"].shape[0], batch["pixel_values"].shape[0]]  # image patches encoded
+    packed = pack_groups(model, batch, ids.shape[1], torch.device("cpu"))
+    assert packed.inputs["input_ids"].shape[0] == len(recs)  # one row per prompt
+    assert packed.inputs["input_ids"].numel() < batch["input_ids"].numel() / 2.5  # 340 vs 1003 token slots
+
+
+def test_split_group_across_micro_batches_equals_unshared(tiny_model):
+    """A group of 16 split into micro-batches of 5 (the prompt recomputed per chunk), through the
+    experience's own micro-batch selection, gives the plain path's log-probs."""
+    model, proc = load_model(tiny_model("qwen2_5_vl"), torch.float32)
+    batch, ids, mask = _batch(proc, _records(True)[:2], [16, 3], seed=2)
+    shared = infer_response_logprobs(model, batch, ids, micro_batch_size=5, shared=True)
+    plain = infer_response_logprobs(model, batch, ids, micro_batch_size=19, shared=False)
+    assert (shared - plain)[mask.bool()].abs().max() < 1e-5
+    exp = Experience(batch, ids, mask, None, None, torch.zeros(19), torch.zeros(ids.shape), batch["prompt_index"])
+    sub = exp.micro_batch(torch.tensor([17, 3, 18, 4]))  # samples of two prompts, interleaved
+    assert sub["prompt_index"].tolist() == [1, 0, 1, 0]
+    with torch.no_grad():
+        got, _ = response_logprobs(model, sub, sub["response_ids"], shared=True)
+    want = plain[[17, 3, 18, 4], : got.shape[1]]
+    assert (got - want)[sub["response_mask"].bool()].abs().max() < 1e-5
+
+
+def test_critic_values_equal_unshared(tiny_model):
+    from vlrft.trainer.experience import response_values
+
+    path = tiny_model("qwen2_5_vl")
+    critic = ScalarRewardModel.from_backbone(path).eval()
+    proc = load_processor(path)
+    batch, ids, mask = _batch(proc, _records(True), [3, 2, 4, 1], seed=3)
+    with torch.no_grad():
+        shared = response_values(critic, batch, ids.shape[1], shared=True)
+        plain = response_values(critic, batch, ids.shape[1], shared=False)
+    assert (shared - plain)[mask.bool()].abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("arch", ["qwen2_5_vl", "qwen3_vl", "qwen2"])
+def test_engine_prefills_each_prompt_once_and_samples_as_the_plain_path(arch, tiny_model):
+    """The hf engine's ``prefill_once`` (one prefill per prompt, its KV cache expanded to the n samples)
+    gives the plain repeated-prompt path's tokens, greedy and seeded sampling alike; the vision tower
+    encodes each prompt's images once."""
+    model, proc = load_model(tiny_model(arch), torch.float32)
+    recs = _records(with_images=arch != "qwen2")
+    prompts = [encode_prompt(proc, r) for r in recs]
+    engine = make_engine("hf", model, proc)
+    assert engine.prefill_once
+    seen: list[int] = []
+    visual = getattr(getattr(model, "model", None), "visual", None)
+    if visual is not None:
+        visual.register_forward_hook(lambda mod, args, out: seen.append(args[0].shape[0]))
+    results = {}
+    for once in (True, False):
+        engine.prefill_once = once
+        greedy = engine.generate(prompts, SamplingParams(n=3, temperature=0, max_new_tokens=8))
+        torch.manual_seed(7)
+        sampled = engine.generate(prompts, SamplingParams(n=3, temperature=1.0, max_new_tokens=8))
+        results[once] = [[x.response_ids.tolist() for x in out] for out in (greedy, sampled)]
+    assert results[True] == results[False]
+    if visual is not None:
+        patches = sum(int(p.image_grid_thw.prod(-1).sum()) for p in prompts if p.image_grid_thw is not None)
+        assert seen == [patches, patches, 3 * patches, 3 * patches]  # prefill once vs per sample
+
+
+def test_shared_forward_applies_only_with_prompt_index_and_a_block_mask_kernel(tiny_model):
+    model, proc = load_model(tiny_model("qwen2_5_vl"), torch.float32)
+    batch, _, _ = _batch(proc, _records(True)[:2], [2, 1])
+    assert shared_forward_applies(model, batch)
+    assert not shared_forward_applies(model, {k: v for k, v in batch.items() if k != "prompt_index"})
+    model.config._attn_implementation = "flash_attention_2"  # takes no 4-D mask: the plain rows are used
+    try:
+        assert not shared_forward_applies(model, batch)
+    finally:
+        model.config._attn_implementation = "sdpa"
