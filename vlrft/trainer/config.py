@@ -46,6 +46,17 @@ class PolicyDataConfig:
         "(color, shape, count_shapes, triangle_angle)",
     )
     eval_source: str = option("synthetic:color", "held-out prompt records (same forms); empty: no held-out eval")
+    record_kind: str = option(
+        "prompt",
+        "prompt: prompt records; judgment: judgment records whose verdict (the target's last <answer> tag) is "
+        "the reference answer (judge RL: verifiers judge_verdict + judge_format; synthetic:TASK draws judgments)",
+        choices=("prompt", "judgment"),
+    )
+    judge_mode: str = option(
+        "pairwise",
+        "judgment format of synthetic judgment records (record_kind judgment)",
+        choices=("pointwise", "pairwise"),
+    )
     synthetic_train_size: int = option(1024, "prompts drawn for a synthetic train_source")
     synthetic_eval_size: int = option(64, "prompts drawn for a synthetic eval_source (another seed)")
     synthetic_options: dict = option({}, "options of the synthetic task, e.g. {num_colors: 4}")
