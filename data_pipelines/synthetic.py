@@ -399,7 +399,8 @@ def make_judgment_records(
 
     ``judge_mode="pairwise"``: the pairwise judge format (:func:`~data_pipelines.formatting.pairwise_judgment_record`)
     with one right and one wrong answer, target ``<answer>A</answer>`` or ``<answer>B</answer>`` (half
-    each, shuffled).
+    each, shuffled); ``paired``: ``n // 2`` prompts, each giving its pair in both orders side by side (A
+    then B: the swap augmentation against position bias; train with ``data.group_size: 2``).
     """
     if judge_mode not in ("pointwise", "pairwise"):
         raise ValueError(f"judge_mode must be 'pointwise' or 'pairwise', got {judge_mode!r}")
@@ -416,9 +417,16 @@ def make_judgment_records(
                 for ok in right
             ]
         return out
-    if paired:
-        raise ValueError("paired applies to pointwise judgments (a pairwise record holds both answers)")
     rng = random.Random(f"vlrft-judgments/{task}/{seed}/pairwise")
+    if paired:  # each prompt's pair in both orders, side by side: (right, wrong) -> A, then (wrong, right) -> B
+        out = []
+        for rec in make_prompt_records(task, n // 2, seed, **options):
+            wrong = _wrong(rec, rng)
+            out += [
+                pairwise_judgment_record(rec, rec.answer, wrong, "A"),
+                pairwise_judgment_record(rec, wrong, rec.answer, "B"),
+            ]
+        return out
     flags = [i % 2 == 0 for i in range(n)]
     rng.shuffle(flags)
     out = []

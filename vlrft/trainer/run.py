@@ -65,7 +65,9 @@ def load_prompt_records(
         if judgments:
             return [
                 judgment_as_prompt(r)
-                for r in make_judgment_records(task, size, seed, judge_mode=cfg.data.judge_mode, **options)
+                for r in make_judgment_records(
+                    task, size, seed, judge_mode=cfg.data.judge_mode, paired=cfg.data.group_size == 2, **options
+                )
             ]
         return make_prompt_records(task, size, seed=seed, **options)
 
