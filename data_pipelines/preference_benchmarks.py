@@ -173,6 +173,7 @@ def read_preference_benchmark(
     if layout == "records":
         pairs, report = read_records(source, "preference", on_bad_record=on_bad_record, load_images=False)
         for p in pairs:
+            p.images = _images(p.images, base)  # relative paths start at the file's folder (or image_root)
             cat = str(p.metadata.get("category") or p.task)
             p.metadata.update(
                 benchmark="records", category=cat, source=str(p.metadata.get("source") or p.task), first_is_chosen=True

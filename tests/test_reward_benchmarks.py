@@ -9,6 +9,7 @@ import base64
 import io
 import json
 import math
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -17,7 +18,8 @@ import torch
 from PIL import Image
 
 from data_pipelines.preference_benchmarks import TIE_CREDIT, read_preference_benchmark
-from data_pipelines.synthetic import COLORS
+from data_pipelines.synthetic import COLORS, make_preference_pairs
+from data_pipelines.writers import write_records
 from eval.reward_benchmarks import benchmark_metrics, evaluate_benchmark
 from reward_models.judgments import (
     position_bias,
@@ -29,6 +31,8 @@ from reward_models.judgments import (
 from reward_models.scalar import ScalarRewardModel, score_responses
 from vlrft.cli import main
 from vlrft.models.loading import load_processor
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _png(color: str) -> bytes:
@@ -209,3 +213,27 @@ def test_pairwise_judge_sees_both_orders(tiny_model, tmp_path):
     assert metrics["kind"] == "grm-pairwise" and metrics["judgments"] == 10  # 5 pairs x 2 orders
     assert 0.0 <= metrics["position_bias/consistency"] <= 1.0
     assert 0 <= metrics["unparsable"] <= 10 and metrics["n"] == 5
+
+
+@pytest.mark.slow
+def test_trained_pairwise_judge_emits_verdicts_and_its_position_bias(tiny_model, tmp_path):
+    """A tiny pairwise judge trained by judge SFT (configs/reward_model/grm_pairwise_color.yaml) writes
+    readable verdicts; its position-bias figures on 64 held-out colour pairs judged in both orders."""
+    config = REPO / "configs" / "reward_model" / "grm_pairwise_color.yaml"
+    run = tmp_path / "judge"
+    args = [f"model.path={tiny_model('qwen2_5_vl')}", f"train.output_dir={run}", "logging.wandb=disabled"]
+    assert main(["train-reward-model", str(config), *args, "logging.tensorboard=false"]) == 0
+    pairs = write_records(make_preference_pairs("color", 64, seed=7, num_colors=2), tmp_path / "pairs.jsonl")
+    m = evaluate_benchmark(run / "model", str(pairs), layout="records", judge_mode="pairwise", max_new_tokens=12)
+    print({k: v for k, v in m.items() if k.startswith(("position_bias", "accuracy", "unparsable"))})
+    assert m["judgments"] == 128 and m["unparsable"] <= 6  # the trained judge writes verdicts
+    assert m["position_bias/accuracy_swap"] >= 0.8
+
+
+def test_records_layout_resolves_image_paths_from_the_file(tmp_path):
+    pairs = make_preference_pairs("color", 3, seed=7, num_colors=2)
+    path = write_records(pairs, tmp_path / "pairs.jsonl")
+    read, _, layout = read_preference_benchmark(path)
+    assert layout == "records" and [p.chosen for p in read] == [p.chosen for p in pairs]
+    assert all(Path(p.images[0]).is_file() for p in read)
+    assert read[0].metadata["category"] == "color" and read[0].metadata["first_is_chosen"]
