@@ -12,6 +12,11 @@ A source that does not apply to a sample does not score it; its entry in ``per_s
 :class:`RewardSourceError` naming it, unless it has a ``fallback`` value, which then replaces the
 failed rewards and is counted in ``reward/<name>/failures``.
 
+A ``grm`` source with ``judge_mode: pairwise`` compares responses instead of judging each
+(``reward_models.pairwise``: win rate against the group, or preference over the reference answer). Every
+call also logs the diagnostics of ``reward_models.diagnostics`` (rank agreement between sources within
+groups, correlation with the accuracy verifier, the reward-hacking alarm) unless ``diagnostics_window: 0``.
+
 Neural sources are loaded once (on CPU). With ``offload: true`` each is moved to the scoring device
 only while it scores and back to CPU memory afterwards; ``offload: false`` keeps it resident on the
 device after its first call. Each scores in micro-batches. Verifier sources run in a thread pool,
