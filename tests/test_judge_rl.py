@@ -67,7 +67,7 @@ def test_train_policy_runs_on_judgment_records(tiny_model, tmp_path):
 @pytest.mark.slow
 @pytest.mark.xfail(
     reason="measured 2026-11-23: the format is learned (judge_format 0 -> 0.99) but held-out verdict accuracy "
-    "stays at 0.5 through step 100 of 150, with and without both orders in the rollout batch; the recipe "
+    "stays at 0.5 through step 150 (end of the run), with and without both orders in the rollout batch; the recipe "
     "does not yet make the image-x-order XOR learnable by RL (docs/reward-models.md, Judge RL)",
     strict=False,
 )
