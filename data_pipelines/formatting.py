@@ -15,6 +15,7 @@ turn :data:`POINTWISE_JUDGE_TEMPLATE` with the record's images; the target, what
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from PIL import Image
@@ -42,6 +43,13 @@ JUDGE_SYSTEM_PROMPT = (
     "otherwise <answer>no</answer>."
 )
 POINTWISE_JUDGE_TEMPLATE = "Question: {prompt}\nCandidate answer: {response}"
+# The pairwise judge format: two responses shown as A and B; the verdict is A, B or tie
+# (reward_models.judgments reads it).
+PAIRWISE_JUDGE_SYSTEM_PROMPT = (
+    "You are a judge. Compare the two responses to the question and reply <answer>A</answer> if Response A "
+    "is better, <answer>B</answer> if Response B is better, or <answer>tie</answer> if they are equally good."
+)
+PAIRWISE_JUDGE_TEMPLATE = "Question: {prompt}\nResponse A: {a}\nResponse B: {b}"
 
 
 def resolve_template(prompt_template: str | None) -> str:
@@ -141,4 +149,52 @@ def pointwise_judgment_record(
         task=record.task,
         system=system,
         metadata={**record.metadata, "candidate": response, "verdict": verdict},
+    )
+
+
+def pairwise_prompt(prompt: str, a: str, b: str, template: str = PAIRWISE_JUDGE_TEMPLATE) -> str:
+    """The pairwise judge's user text (``<image>`` placeholders of ``prompt`` are kept)."""
+    return template.replace("{prompt}", prompt).replace("{a}", a).replace("{b}", b)
+
+
+def pairwise_judgment_record(
+    record: PromptRecord,
+    a: str,
+    b: str,
+    verdict: str,
+    template: str = PAIRWISE_JUDGE_TEMPLATE,
+    system: str = PAIRWISE_JUDGE_SYSTEM_PROMPT,
+) -> JudgmentRecord:
+    """A pairwise judge record: responses ``a`` and ``b``, target ``<answer>A|B|tie</answer>``."""
+    if verdict not in ("A", "B", "tie"):
+        raise ValueError(f"a pairwise verdict is A, B or tie, got {verdict!r}")
+    return JudgmentRecord(
+        id=f"{record.id}/{a}|{b}",
+        prompt=pairwise_prompt(record.prompt, a, b, template),
+        images=record.images,
+        target=f"<answer>{verdict}</answer>",
+        task=record.task,
+        system=system,
+        metadata={**record.metadata, "answer_a": a, "answer_b": b, "judge_mode": "pairwise", "verdict": verdict},
+    )
+
+
+def judgment_as_prompt(record: JudgmentRecord) -> PromptRecord:
+    """A judgment record as an RL prompt (judge RL): the judge prompt, its images and system turn, and the
+    target's verdict (the content of its last ``<answer>`` tag) as the reference answer, with the
+    verdict words (``A``/``B``/``tie`` or ``yes``/``no``) as its ``vocabulary``."""
+    found = re.findall(r"<answer>(.*?)</answer>", record.target, re.DOTALL | re.IGNORECASE)
+    if not found or not found[-1].strip():
+        raise ValueError(f"judgment record {record.id!r}: target {record.target[:80]!r} has no <answer> verdict")
+    verdict = found[-1].strip()
+    mode = record.metadata.get("judge_mode") or ("pointwise" if verdict.lower() in ("yes", "no") else "pairwise")
+    vocab = ["A", "B", "tie"] if mode == "pairwise" else ["yes", "no"]
+    return PromptRecord(
+        id=record.id,
+        prompt=record.prompt,
+        images=list(record.images),
+        answer=verdict,
+        task=record.task,
+        system=record.system,
+        metadata={**record.metadata, "judge_mode": mode, "vocabulary": vocab, "ground_truth": verdict},
     )

@@ -26,7 +26,12 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
-from data_pipelines.formatting import JUDGE_SYSTEM_PROMPT, POINTWISE_JUDGE_TEMPLATE, pointwise_judgment_record
+from data_pipelines.formatting import (
+    JUDGE_SYSTEM_PROMPT,
+    POINTWISE_JUDGE_TEMPLATE,
+    pairwise_judgment_record,
+    pointwise_judgment_record,
+)
 from data_pipelines.records import JudgmentRecord, PreferencePair, PromptRecord
 from data_pipelines.writers import write_records
 
@@ -46,12 +51,6 @@ SHAPES = ("circle", "square", "triangle", "star", "hexagon", "cross", "diamond",
 PLURALS = {"cross": "crosses"}
 BACKGROUND = (128, 128, 128)  # object mode: a grey no colour name is close to
 DRAW_COLORS = ("red", "green", "blue", "yellow", "purple", "orange", "black")  # on white backgrounds
-
-# The pairwise judge prompt (pointwise judgments use the judge format of data_pipelines.formatting).
-JUDGE_PAIRWISE = (
-    "<image>Question: {question}\nAnswer A: {a}\nAnswer B: {b}\n"
-    "Which answer is correct? Answer with <answer>A</answer> or <answer>B</answer>."
-)
 
 
 def _polygon(shape: str, cx: float, cy: float, r: float, rotation: float = 0.0) -> list[tuple[float, float]]:
@@ -398,8 +397,10 @@ def make_judgment_records(
     right candidate (yes) then a wrong one (no), side by side (train with ``data.group_size: 2``);
     otherwise ``n`` prompts with the right and a wrong candidate alternating.
 
-    ``judge_mode="pairwise"``: prompt ``JUDGE_PAIRWISE`` with one right and one wrong answer, target
-    ``<answer>A</answer>`` or ``<answer>B</answer>`` (half each, shuffled).
+    ``judge_mode="pairwise"``: the pairwise judge format (:func:`~data_pipelines.formatting.pairwise_judgment_record`)
+    with one right and one wrong answer, target ``<answer>A</answer>`` or ``<answer>B</answer>`` (half
+    each, shuffled); ``paired``: ``n // 2`` prompts, each giving its pair in both orders side by side (A
+    then B: the swap augmentation against position bias; train with ``data.group_size: 2``).
     """
     if judge_mode not in ("pointwise", "pairwise"):
         raise ValueError(f"judge_mode must be 'pointwise' or 'pairwise', got {judge_mode!r}")
@@ -416,26 +417,23 @@ def make_judgment_records(
                 for ok in right
             ]
         return out
-    if paired:
-        raise ValueError("paired applies to pointwise judgments (a pairwise record holds both answers)")
     rng = random.Random(f"vlrft-judgments/{task}/{seed}/pairwise")
+    if paired:  # each prompt's pair in both orders, side by side: (right, wrong) -> A, then (wrong, right) -> B
+        out = []
+        for rec in make_prompt_records(task, n // 2, seed, **options):
+            wrong = _wrong(rec, rng)
+            out += [
+                pairwise_judgment_record(rec, rec.answer, wrong, "A"),
+                pairwise_judgment_record(rec, wrong, rec.answer, "B"),
+            ]
+        return out
     flags = [i % 2 == 0 for i in range(n)]
     rng.shuffle(flags)
     out = []
     for rec, flag in zip(make_prompt_records(task, n, seed, **options), flags):
         wrong = _wrong(rec, rng)
         a, b = (rec.answer, wrong) if flag else (wrong, rec.answer)
-        target = "A" if flag else "B"
-        out.append(
-            JudgmentRecord(
-                id=rec.id,
-                prompt=JUDGE_PAIRWISE.format(question=rec.prompt, a=a, b=b),
-                target=f"<answer>{target}</answer>",
-                images=rec.images,
-                task=task,
-                metadata={**rec.metadata, "answer_a": a, "answer_b": b, "judge_mode": "pairwise", "verdict": target},
-            )
-        )
+        out.append(pairwise_judgment_record(rec, a, b, "A" if flag else "B"))
     return out
 
 

@@ -6,7 +6,8 @@ reasoning, if any, then the verdict in the LAST ``<answer>...</answer>`` tag:
 - pointwise: ``<answer>yes</answer>`` (reward 1.0) or ``<answer>no</answer>`` (reward 0.0), or a number
   ``<answer>7</answer>`` (reward = number / ``score_max``, e.g. ``score_max: 10`` for a 0-10 scale);
   ``true``/``correct`` read as yes, ``false``/``incorrect`` as no (case and surrounding spaces ignored).
-- pairwise: ``<answer>A</answer>`` or ``<answer>B</answer>`` (which response is better).
+- pairwise: ``<answer>A</answer>``, ``<answer>B</answer>`` or ``<answer>tie</answer>`` (which response is
+  better; reward_models/judgments.py reads it, measures position bias and turns verdicts into win rates).
 
 Anything else (no tag, an empty tag, another word, a number that is not finite) is unparsable: the
 :class:`JudgmentParser` returns its configured ``default`` and counts it. Model text is only matched
@@ -32,36 +33,26 @@ import torch
 from data_pipelines.collate import encode_prompt
 from data_pipelines.formatting import JUDGE_SYSTEM_PROMPT, POINTWISE_JUDGE_TEMPLATE, judgment_prompt
 from data_pipelines.records import PromptRecord
+from reward_models.judgments import MODES, extract_answer, read_verdict
 from vlrft.models.loading import load_model
 from vlrft.rollout import SamplingParams, make_engine
 
-ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
-YES = ("yes", "true", "correct")
-NO = ("no", "false", "incorrect")
 NUMBER_RE = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?")
-MODES = ("pointwise", "pairwise")
-
-
-def extract_answer(judgment: str) -> str | None:
-    """Content of the last ``<answer>...</answer>`` tag, stripped; ``None`` without one."""
-    found = ANSWER_RE.findall(judgment)
-    return found[-1].strip() if found else None
 
 
 def parse_judgment(judgment: str, mode: str = "pointwise", score_max: float = 1.0) -> float | str | None:
-    """Verdict of a judgment: a reward in ``[0, 1]``-ish (pointwise), ``"A"``/``"B"`` (pairwise), or ``None``."""
+    """Verdict of a judgment: a reward in ``[0, 1]``-ish (pointwise), ``"A"``/``"B"``/``"tie"`` (pairwise,
+    :func:`~reward_models.judgments.read_verdict`), or ``None``."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if mode == "pairwise":
+        return read_verdict(judgment, "pairwise")[0]
     answer = extract_answer(judgment)
     if not answer:
         return None
-    word = answer.lower()
-    if mode == "pairwise":
-        return answer.upper() if word in ("a", "b") else None
-    if word in YES:
-        return 1.0
-    if word in NO:
-        return 0.0
+    verdict = read_verdict(judgment, "pointwise")[0]
+    if verdict is not None:
+        return 1.0 if verdict == "yes" else 0.0
     if NUMBER_RE.fullmatch(answer):
         value = float(answer)
         return value / score_max if math.isfinite(value) else None
@@ -149,6 +140,3 @@ def generate_judgments(
     ]
     sampling = SamplingParams(n=1, temperature=0.0, max_new_tokens=max_new_tokens)
     return [r.text for r in engine.generate(prompts, sampling)]
-    return [
-        r.text for r in engine.generate(prompts, SamplingParams(n=1, temperature=0.0, max_new_tokens=max_new_tokens))
-    ]

@@ -12,6 +12,11 @@ A source that does not apply to a sample does not score it; its entry in ``per_s
 :class:`RewardSourceError` naming it, unless it has a ``fallback`` value, which then replaces the
 failed rewards and is counted in ``reward/<name>/failures``.
 
+A ``grm`` source with ``judge_mode: pairwise`` compares responses instead of judging each
+(``reward_models.pairwise``: win rate against the group, or preference over the reference answer). Every
+call also logs the diagnostics of ``reward_models.diagnostics`` (rank agreement between sources within
+groups, correlation with the accuracy verifier, the reward-hacking alarm) unless ``diagnostics_window: 0``.
+
 Neural sources are loaded once (on CPU). With ``offload: true`` each is moved to the scoring device
 only while it scores and back to CPU memory afterwards; ``offload: false`` keeps it resident on the
 device after its first call. Each scores in micro-batches. Verifier sources run in a thread pool,
@@ -30,7 +35,10 @@ import torch
 
 from data_pipelines.formatting import JUDGE_SYSTEM_PROMPT, POINTWISE_JUDGE_TEMPLATE
 from data_pipelines.records import PromptRecord
+from reward_models.diagnostics import PoolDiagnostics
 from reward_models.generative import GenerativeRewardModel
+from reward_models.judgments import MODES
+from reward_models.pairwise import AGAINST, DEBIAS, PairwiseJudge
 from reward_models.scalar import ScalarRewardModel, score_responses
 from reward_models.verifiers import get_verifier
 from vlrft.algorithms.shaping import combine_rewards
@@ -61,6 +69,13 @@ class RewardSourceConfig:
     judge_system_prompt: str = option(JUDGE_SYSTEM_PROMPT, "judge system turn (grm; empty: the template's default)")
     unparsable_reward: float = option(0.0, "reward of an unparsable judgment (grm; counted)")
     score_max: float = option(1.0, "pointwise numeric judgments are divided by this (grm)")
+    judge_mode: str = option(
+        "pointwise", "grm: pointwise (judge each response) or pairwise (compare responses)", choices=MODES
+    )
+    pairwise_against: str = option(
+        "group", "pairwise grm: score = win rate against the group, or preference over the reference", choices=AGAINST
+    )
+    debias: str = option("none", "pairwise grm: swap = judge both orders and average (position bias)", choices=DEBIAS)
 
 
 @dataclass
@@ -75,6 +90,9 @@ class RewardPoolConfig:
     offload: bool = option(True, "keep neural reward models in CPU memory except while they score")
     device: str = option("auto", "scoring device: auto (cuda if available, else cpu), cpu, cuda, cuda:N")
     num_threads: int = option(4, "threads for rule verifiers")
+    diagnostics_window: int = option(10, "steps in the reward-hacking alarm's window (0: no pool diagnostics)")
+    alarm_delta: float = option(0.05, "alarm when a neural reward rises and accuracy falls by more than this")
+    accuracy_source: str = option("", "verifier source the diagnostics compare with (empty: the first verifier)")
 
     def validate(self) -> None:
         names = [s.name for s in self.sources]
@@ -87,6 +105,8 @@ class RewardPoolConfig:
                 raise ValueError(f"reward source {s.name!r}: kind {s.kind!r} is not allowed; choose one of {KINDS}")
             if s.kind in ("srm", "grm") and not s.path:
                 raise ValueError(f"reward source {s.name!r} ({s.kind}) needs a path")
+        if self.accuracy_source and self.accuracy_source not in names:
+            raise ValueError(f"accuracy_source {self.accuracy_source!r} is not a source; sources: {names}")
         for task, weights in self.recipes.items():
             unknown = sorted(set(weights) - set(names))
             if unknown:
@@ -154,6 +174,7 @@ class NeuralSource:
                 score_max=cfg.score_max,
             )
             self.model, self.processor = self.grm.model, self.grm.processor
+            self.pairwise = PairwiseJudge(self.grm, cfg.debias) if cfg.judge_mode == "pairwise" else None
         self.model.eval().requires_grad_(False)
         self.resident = False  # True while the model sits on the scoring device (between calls: offload off)
         self.n_loads = self.n_offloads = 0  # moves to the device / back to CPU memory
@@ -185,6 +206,11 @@ class NeuralSource:
                     self.model, self.processor, items, self.cfg.micro_batch_size, self.cfg.max_length, self.device
                 )
                 return rewards, {}
+            if self.pairwise is not None:
+                before = self.pairwise.n_unparsable
+                scores = self.pairwise.score(records, responses, self.cfg.pairwise_against, self.cfg.micro_batch_size)
+                unparsable = float(self.pairwise.n_unparsable - before)
+                return torch.tensor(scores, dtype=torch.float32), {f"reward/{self.name}/unparsable": unparsable}
             before = self.grm.parser.n_unparsable
             rewards, _ = self.grm.score(items, self.cfg.micro_batch_size)
             return rewards, {f"reward/{self.name}/unparsable": float(self.grm.parser.n_unparsable - before)}
@@ -208,6 +234,14 @@ class RewardPool:
             self.sources[s.name] = (
                 VerifierSource(s) if s.kind == "verifier" else NeuralSource(s, self.device, cfg.offload)
             )
+        verifiers = [s.name for s in cfg.sources if s.kind == "verifier"]
+        neural = [s.name for s in cfg.sources if s.kind != "verifier"]
+        accuracy = cfg.accuracy_source or (verifiers[0] if verifiers else "")
+        self.diagnostics = (
+            PoolDiagnostics(neural, accuracy, cfg.diagnostics_window, cfg.alarm_delta)
+            if cfg.diagnostics_window > 0
+            else None
+        )
         self._executor = ThreadPoolExecutor(max_workers=max(1, cfg.num_threads), thread_name_prefix="verifier")
 
     def weights_for(self, task: str) -> dict[str, float]:
@@ -271,6 +305,8 @@ class RewardPool:
         for name, values in per_source.items():
             metrics.update(_stats(f"reward/{name}", values[rows[name]]))
         metrics.update(_stats("reward/combined", combined))
+        if self.diagnostics is not None:
+            metrics.update(self.diagnostics.step(per_source, [r.id for r in records]))
         return PoolOutput(per_source, combined, metrics)
 
     def _fail(self, name: str, exc: Exception, count: int) -> torch.Tensor:

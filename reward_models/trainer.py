@@ -46,11 +46,19 @@ def load_records(cfg: RewardModelTrainConfig) -> tuple[list, list]:
                 make_preference_pairs(d.synthetic_task, d.synthetic_eval_size, d.synthetic_seed + 1, **opts),
             )
 
+        mode = cfg.judge.mode
         return (
             make_judgment_records(
-                d.synthetic_task, d.synthetic_train_size, d.synthetic_seed, paired=d.group_size == 2, **opts
+                d.synthetic_task,
+                d.synthetic_train_size,
+                d.synthetic_seed,
+                judge_mode=mode,
+                paired=d.group_size == 2,
+                **opts,
             ),
-            make_judgment_records(d.synthetic_task, d.synthetic_eval_size, d.synthetic_seed + 1, **opts),
+            make_judgment_records(
+                d.synthetic_task, d.synthetic_eval_size, d.synthetic_seed + 1, judge_mode=mode, **opts
+            ),
         )
     train = _read(d.train_source, kind, d.on_bad_record)
     if d.eval_source:

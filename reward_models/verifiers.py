@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from reward_models.judgments import read_verdict
 from reward_models.math_answers import (
     after_last_hashes,
     choice_letter,
@@ -267,6 +268,32 @@ class VocabFormatVerifier(VocabAnswerVerifier):
         return VerifierResult(float(found), res.extracted, found, res.format_ok)
 
 
+class JudgeVerdictVerifier(Verifier):
+    """Judge RL (``data.record_kind: judgment``): 1 when the judge's verdict equals the record's verdict
+    (its ``answer``: ``A``/``B``/``tie`` or ``yes``/``no``), read by
+    :func:`~reward_models.judgments.read_verdict` in the record's ``judge_mode``, tolerantly (the last
+    ``<answer>`` tag, else the first verdict word); ``format_ok`` when the verdict came in a tag."""
+
+    name = "judge_verdict"
+
+    def check(self, response, answer, judge_mode="pairwise", **metadata):
+        gold, _ = read_verdict(f"<answer>{_need_answer(self.name, answer)}</answer>", judge_mode)
+        if gold is None:
+            raise ValueError(f"verifier {self.name!r}: reference {answer!r} is not a {judge_mode} verdict")
+        got, tagged = read_verdict(response, judge_mode, tolerant=True)
+        return VerifierResult(float(got == gold), got, got == gold, tagged)
+
+
+class JudgeFormatVerifier(JudgeVerdictVerifier):
+    """Format reward of judge RL: 1 when a verdict can be read (right or wrong; see ``judge_verdict``)."""
+
+    name = "judge_format"
+
+    def check(self, response, answer, judge_mode="pairwise", **metadata):
+        got, tagged = read_verdict(response, judge_mode, tolerant=True)
+        return VerifierResult(float(got is not None), got, got is not None, tagged)
+
+
 VERIFIERS: dict[str, Verifier] = {
     v.name: v
     for v in (
@@ -279,6 +306,8 @@ VERIFIERS: dict[str, Verifier] = {
         ExactMatchVerifier(),
         VocabAnswerVerifier(),
         VocabFormatVerifier(),
+        JudgeVerdictVerifier(),
+        JudgeFormatVerifier(),
     )
 }
 

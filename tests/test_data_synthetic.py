@@ -8,7 +8,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from data_pipelines.formatting import JUDGE_SYSTEM_PROMPT, judgment_prompt
+from data_pipelines.formatting import JUDGE_SYSTEM_PROMPT, PAIRWISE_JUDGE_SYSTEM_PROMPT, judgment_prompt
 from data_pipelines.readers import read_records
 from data_pipelines.synthetic import (
     COLORS,
@@ -172,7 +172,8 @@ def test_judgment_records_pointwise_and_pairwise():
     assert Counter(j.target for j in pair) == {"<answer>A</answer>": 5, "<answer>B</answer>": 5}
     for j in pair:
         right = "A" if j.metadata["answer_a"] == j.metadata["ground_truth"] else "B"
-        assert j.target == f"<answer>{right}</answer>" and f"Answer A: {j.metadata['answer_a']}\n" in j.prompt
+        assert j.target == f"<answer>{right}</answer>" and f"Response A: {j.metadata['answer_a']}\n" in j.prompt
+        assert j.system == PAIRWISE_JUDGE_SYSTEM_PROMPT
 
 
 def test_pointwise_judgments_are_in_the_pools_judge_format():

@@ -13,7 +13,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "OUTPUT_DIR/model). An SRM folder (with vlrft_reward_head.json) is scored on preference pairs: "
         "accuracy = share of non-tied pairs with r(chosen) > r(rejected). Any other folder is a judge scored "
         "on judgment records: accuracy = share whose greedy judgment has the target's verdict. DATA is a "
-        "file or folder data_pipelines reads, or synthetic:TASK[:N[:SEED]] (e.g. synthetic:color:128:1).",
+        "file or folder data_pipelines reads, or synthetic:TASK[:N[:SEED]] (e.g. synthetic:color:128:1). "
+        "With --benchmark, DATA is a preference benchmark (a local copy of VL-RewardBench or Multimodal "
+        "RewardBench, or preference records): SRMs, pointwise judges and pairwise judges (--judge-mode "
+        "pairwise) are all scored by pairwise accuracy, per category and source, with bootstrap CIs; "
+        "pairwise judges see both orders (position-bias figures). See docs/reward-models.md.",
     )
     p.add_argument("model", help="reward model folder")
     p.add_argument("data", help="records file/folder, or synthetic:TASK[:N[:SEED]]")
@@ -32,6 +36,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         metavar="KEY=INT",
         help="option of a synthetic task, e.g. num_colors=2 (repeatable)",
     )
+    p.add_argument(
+        "--benchmark",
+        default=None,
+        choices=("auto", "vlrewardbench", "mmrewardbench", "records"),
+        help="DATA is a preference benchmark in this layout (auto: by its fields)",
+    )
+    p.add_argument(
+        "--debias", default="none", choices=("none", "swap"), help="pairwise judges: swap = average both orders"
+    )
+    p.add_argument("--out-dir", default=None, help="benchmark: write metrics.json and report.html here")
     p.add_argument("--on-bad-record", default="error", choices=("error", "skip"), help="bad rows: stop or skip")
     p.add_argument("--out", default=None, help="also write the metrics as JSON to this file")
     p.set_defaults(func=run)
@@ -41,8 +55,25 @@ def run(args: argparse.Namespace) -> int:
     import json
     from pathlib import Path
 
+    from eval.reward_benchmarks import evaluate_benchmark
     from reward_models.evaluate import evaluate_reward_model
 
+    if args.benchmark:
+        metrics = evaluate_benchmark(
+            args.model,
+            args.data,
+            layout=args.benchmark,
+            judge_mode=args.judge_mode,
+            debias=args.debias,
+            batch_size=args.batch_size,
+            max_new_tokens=args.max_new_tokens,
+            on_bad_record=args.on_bad_record,
+            out_dir=args.out_dir,
+        )
+        print(json.dumps(metrics, indent=2))
+        if args.out:
+            Path(args.out).write_text(json.dumps(metrics, indent=2) + "\n")
+        return 0
     metrics = evaluate_reward_model(
         args.model,
         args.data,

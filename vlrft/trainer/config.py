@@ -48,6 +48,23 @@ class PolicyDataConfig:
         "(color, shape, count_shapes, triangle_angle)",
     )
     eval_source: str = option("synthetic:color", "held-out prompt records (same forms); empty: no held-out eval")
+    record_kind: str = option(
+        "prompt",
+        "prompt: prompt records; judgment: judgment records whose verdict (the target's last <answer> tag) is "
+        "the reference answer (judge RL: verifiers judge_verdict + judge_format; synthetic:TASK draws judgments)",
+        choices=("prompt", "judgment"),
+    )
+    judge_mode: str = option(
+        "pairwise",
+        "judgment format of synthetic judgment records (record_kind judgment)",
+        choices=("pointwise", "pairwise"),
+    )
+    group_size: int = option(
+        1,
+        "keep groups of this many consecutive training records in one rollout batch (judge RL: 2 = a pair in "
+        "both orders, so the image's own effect cancels); rollout_batch_size must be a multiple",
+        ge=1,
+    )
     synthetic_train_size: int = option(1024, "prompts drawn for a synthetic train_source", ge=1)
     synthetic_eval_size: int = option(64, "prompts drawn for a synthetic eval_source (another seed)", ge=1)
     synthetic_options: dict = option({}, "options of the synthetic task, e.g. {num_colors: 4}")
@@ -193,6 +210,11 @@ class PolicyTrainConfig:
             raise ValueError(
                 f"algorithm.overlong_buffer_len={self.algorithm.overlong_buffer_len} must lie in "
                 f"0..rollout.max_new_tokens ({r.max_new_tokens})"
+            )
+        if self.data.group_size < 1 or r.rollout_batch_size % self.data.group_size:
+            raise ValueError(
+                f"rollout.rollout_batch_size={r.rollout_batch_size} must be a multiple of data.group_size="
+                f"{self.data.group_size} (>= 1), so that a group never straddles two rollout batches"
             )
         if self.algorithm.max_sampling_tries < 1:
             raise ValueError(f"algorithm.max_sampling_tries must be >= 1, got {self.algorithm.max_sampling_tries}")

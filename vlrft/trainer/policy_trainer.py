@@ -130,7 +130,9 @@ class PolicyTrainer:
         return per_epoch * self.cfg.train.max_epochs
 
     def _order(self, episode: int) -> list[int]:
-        return seeded_permutation(len(self.train_records), self.cfg.train.seed, episode)
+        g = self.cfg.data.group_size  # groups of g consecutive records are permuted as units
+        groups = seeded_permutation(len(self.train_records) // g, self.cfg.train.seed, episode)
+        return [k * g + j for k in groups for j in range(g)]
 
     def _next_prompts(self, count: int) -> list[PromptRecord]:
         """The next ``count`` prompts of the global stream; returns this rank's share."""

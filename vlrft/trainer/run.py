@@ -8,10 +8,11 @@ from typing import Any
 
 import torch
 
+from data_pipelines.formatting import judgment_as_prompt
 from data_pipelines.images import image_bounds
 from data_pipelines.readers import filter_by_prompt_length, read_records
 from data_pipelines.records import PromptRecord
-from data_pipelines.synthetic import make_prompt_records
+from data_pipelines.synthetic import make_judgment_records, make_prompt_records
 from reward_models.pool import RewardPool
 from reward_models.scalar import HEAD_CONFIG, ScalarRewardModel
 from vlrft.config import ConfigError, save_config
@@ -60,20 +61,29 @@ def load_prompt_records(
 ) -> list[PromptRecord]:
     """``synthetic:TASK`` draws a synthetic task; anything else is read by data_pipelines.readers, its
     images sized by the processor's own pixel bounds."""
+    judgments = cfg.data.record_kind == "judgment"  # judge RL: the verdict is the reference answer
     if source.startswith(SYNTHETIC_PREFIX):
-        return make_prompt_records(source[len(SYNTHETIC_PREFIX) :], size, seed=seed, **cfg.data.synthetic_options)
+        task, options = source[len(SYNTHETIC_PREFIX) :], dict(cfg.data.synthetic_options)
+        if judgments:
+            return [
+                judgment_as_prompt(r)
+                for r in make_judgment_records(
+                    task, size, seed, judge_mode=cfg.data.judge_mode, paired=cfg.data.group_size == 2, **options
+                )
+            ]
+        return make_prompt_records(task, size, seed=seed, **options)
 
     vision = getattr(processor, "image_processor", None) is not None
     bounds = image_bounds(processor) if vision else {}
     records, _ = read_records(
         source,
-        kind="prompt",
+        kind=cfg.data.record_kind,
         column_map=dict(cfg.data.column_map) or None,
         on_bad_record=cfg.data.on_bad_record,
         check=record_check(cfg.reward, vision, model_key(cfg)),
         **bounds,
     )
-    return records
+    return [judgment_as_prompt(r) for r in records] if judgments else records
 
 
 def train_policy(cfg: PolicyTrainConfig) -> dict[str, Any]:

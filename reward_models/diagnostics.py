@@ -1,0 +1,137 @@
+"""Reward-pool diagnostics: do the reward sources agree with each other and with the verifiers?
+
+Pure functions on per-sample rewards of one RL step (``[N]`` per source, NaN where a source does not
+score a sample) and the group of each sample (the prompt it answers), plus :class:`PoolDiagnostics`, the
+small stateful window the reward pool keeps across steps for the alarm. Logged by the pool every step
+(``reward/diag/...``; in train-policy's ``metrics.jsonl`` as ``reward_pool/reward/diag/...``):
+
+- ``reward/diag/kendall_tau/S~T``: Kendall's tau-b between sources S and T within each group, averaged
+  over the groups where it is defined (tau-b, Kendall 1945, "The treatment of ties in ranking problems",
+  Biometrika 33: ``(C - D) / sqrt((n0 - n1) (n0 - n2))`` with C/D the concordant/discordant pairs,
+  ``n0 = n(n-1)/2`` and ``n1``/``n2`` the pairs tied in the first/second ranking; undefined, and skipped,
+  when either ranking is all ties). RL only uses the ranking inside a group (GRPO's advantages), so this
+  is the agreement that matters.
+- ``reward/diag/corr_accuracy/S``: Pearson correlation over the step's samples between source S and the
+  accuracy verifier (``accuracy_source``; undefined (NaN) when either is constant).
+- ``reward/diag/alarm/S`` (neural sources): 1.0 when, over the last ``window`` steps, S's batch-mean
+  reward ROSE by more than ``alarm_delta`` while the verifier accuracy FELL by more than ``alarm_delta``
+  (rise = mean of the window's second half minus mean of its first half), else 0.0: the signature of
+  reward hacking (the policy pleases the reward model, not the task). ``reward/diag/rise/S`` and
+  ``reward/diag/rise/accuracy`` are the two rises. The window restarts when a run resumes.
+
+A value that is undefined in a step (NaN: every group tied, a constant source) is left out of that step's
+metrics rather than logged as NaN.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from typing import Sequence
+
+import torch
+
+
+def kendall_tau_b(x: Sequence[float], y: Sequence[float]) -> float:
+    """Kendall's tau-b of two rankings of the same items (NaN when either is all ties or n < 2)."""
+    n = len(x)
+    if len(y) != n:
+        raise ValueError(f"kendall_tau_b needs equal lengths, got {n} and {len(y)}")
+    concordant = discordant = ties_x = ties_y = 0
+    for i in range(n):
+        for j in range(i + 1, n):
+            dx, dy = x[i] - x[j], y[i] - y[j]
+            if dx == 0:
+                ties_x += 1
+            if dy == 0:
+                ties_y += 1
+            if dx * dy > 0:
+                concordant += 1
+            elif dx * dy < 0:
+                discordant += 1
+    n0 = n * (n - 1) // 2
+    denom = math.sqrt((n0 - ties_x) * (n0 - ties_y))
+    return (concordant - discordant) / denom if denom > 0 else float("nan")
+
+
+def group_ids(keys: Sequence[str]) -> list[int]:
+    """Group index of each sample: consecutive samples with the same key (record id) form one group."""
+    out, current = [], -1
+    for i, key in enumerate(keys):
+        if i == 0 or key != keys[i - 1]:
+            current += 1
+        out.append(current)
+    return out
+
+
+def mean_group_tau(a: torch.Tensor, b: torch.Tensor, groups: Sequence[int]) -> float:
+    """Mean over groups of tau-b between ``a`` and ``b`` on the group's samples both score (NaN if none)."""
+    taus = []
+    for g in sorted(set(groups)):
+        rows = [i for i, k in enumerate(groups) if k == g and not (math.isnan(a[i]) or math.isnan(b[i]))]
+        tau = kendall_tau_b([float(a[i]) for i in rows], [float(b[i]) for i in rows])
+        if not math.isnan(tau):
+            taus.append(tau)
+    return sum(taus) / len(taus) if taus else float("nan")
+
+
+def pearson(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Pearson correlation over the samples both score (float64; NaN when either is constant)."""
+    keep = ~(torch.isnan(a) | torch.isnan(b))
+    x, y = a[keep].double(), b[keep].double()
+    if x.numel() < 2:
+        return float("nan")
+    x, y = x - x.mean(), y - y.mean()
+    denom = math.sqrt(float((x * x).sum()) * float((y * y).sum()))
+    return float((x * y).sum()) / denom if denom > 0 else float("nan")
+
+
+def window_rise(values: Sequence[float]) -> float:
+    """Mean of the second half of ``values`` minus the mean of the first half (odd length: the middle
+    value is left out); NaN for fewer than 2 values."""
+    half = len(values) // 2
+    if half == 0:
+        return float("nan")
+    return sum(values[-half:]) / half - sum(values[:half]) / half
+
+
+def hacking_alarm(neural_means: Sequence[float], accuracy_means: Sequence[float], delta: float) -> bool:
+    """True when the neural reward rose by more than ``delta`` while accuracy fell by more than ``delta``."""
+    rise, fall = window_rise(neural_means), window_rise(accuracy_means)
+    return bool(rise > delta and fall < -delta)
+
+
+class PoolDiagnostics:
+    """The per-step diagnostics of a reward pool and the window of batch means behind the alarm."""
+
+    def __init__(self, neural: Sequence[str], accuracy_source: str, window: int = 10, alarm_delta: float = 0.05):
+        self.neural, self.accuracy_source = list(neural), accuracy_source
+        self.window, self.alarm_delta = window, alarm_delta
+        self.history: dict[str, deque] = {name: deque(maxlen=window) for name in [*self.neural, accuracy_source]}
+
+    def step(self, per_source: dict[str, torch.Tensor], keys: Sequence[str]) -> dict[str, float]:
+        """Metrics of one scoring call (one RL step's batch); ``keys``: each sample's record id."""
+        groups = group_ids(keys)
+        names = sorted(per_source)
+        out: dict[str, float] = {}
+        for i, a in enumerate(names):
+            for b in names[i + 1 :]:
+                out[f"reward/diag/kendall_tau/{a}~{b}"] = mean_group_tau(per_source[a], per_source[b], groups)
+        acc = per_source.get(self.accuracy_source)
+        if acc is None:
+            return {k: v for k, v in out.items() if not math.isnan(v)}
+        for name in names:
+            if name != self.accuracy_source:
+                out[f"reward/diag/corr_accuracy/{name}"] = pearson(per_source[name], acc)
+        for name in [*self.neural, self.accuracy_source]:
+            values = per_source[name][~torch.isnan(per_source[name])]
+            if values.numel():
+                self.history[name].append(float(values.double().mean()))
+        accuracy = list(self.history[self.accuracy_source])
+        out["reward/diag/rise/accuracy"] = window_rise(accuracy)
+        for name in self.neural:
+            means = list(self.history[name])
+            out[f"reward/diag/rise/{name}"] = window_rise(means)
+            full = len(means) == self.window and len(accuracy) == self.window
+            out[f"reward/diag/alarm/{name}"] = float(full and hacking_alarm(means, accuracy, self.alarm_delta))
+        return {k: v for k, v in out.items() if not math.isnan(v)}  # undefined this step: not logged

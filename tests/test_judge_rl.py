@@ -1,0 +1,80 @@
+"""Judge RL: train-policy trains a pairwise judge on judgment records whose verdict is verifiable
+(data.record_kind=judgment, verifiers judge_verdict + judge_format, configs/policy/judge_rl.yaml)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from data_pipelines.formatting import judgment_as_prompt
+from data_pipelines.synthetic import make_judgment_records
+from reward_models.verifiers import get_verifier
+from vlrft.config import load_config
+from vlrft.trainer.config import PolicyTrainConfig
+from vlrft.trainer.run import train_policy
+
+RECIPE = Path(__file__).resolve().parents[1] / "configs" / "policy" / "judge_rl.yaml"
+
+
+def _config(tmp_path, model, *overrides):
+    return load_config(
+        PolicyTrainConfig,
+        [RECIPE],
+        [
+            f"model.path={model}",
+            f"train.output_dir={tmp_path}",
+            "logging.tensorboard=false",
+            "logging.wandb=disabled",
+            "logging.progress_bar=false",
+            *overrides,
+        ],
+    )
+
+
+def test_judgment_records_become_verifiable_prompts():
+    recs = [judgment_as_prompt(r) for r in make_judgment_records("color", 4, 0, judge_mode="pairwise", paired=True)]
+    assert [r.answer for r in recs] == ["A", "B", "A", "B"]  # each pair in both orders, side by side
+    assert recs[0].images is recs[1].images or recs[0].images == recs[1].images
+    assert recs[0].metadata["vocabulary"] == ["A", "B", "tie"] and recs[0].metadata["judge_mode"] == "pairwise"
+    verdict, fmt = get_verifier("judge_verdict"), get_verifier("judge_format")
+    meta = {"judge_mode": "pairwise"}
+    assert verdict("<answer>A</answer>", "A", **meta).score == 1.0
+    assert verdict("B", "A", **meta).score == 0.0 and fmt("B", "A", **meta).score == 1.0
+    assert fmt("B", "A", **meta).format_ok is False and fmt("<answer>B</answer>", "A", **meta).format_ok
+    assert fmt("nothing here", "A", **meta).score == 0.0
+
+
+def test_train_policy_runs_on_judgment_records(tiny_model, tmp_path):
+    cfg = _config(
+        tmp_path,
+        tiny_model("qwen2_5_vl"),
+        "rollout.rollout_batch_size=2",
+        "rollout.n_samples_per_prompt=4",
+        "data.synthetic_train_size=8",
+        "data.synthetic_eval_size=4",
+        "train.max_steps=2",
+        "train.eval_every=0",
+    )
+    summary = train_policy(cfg)
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    step = next(r for r in rows if "reward/verdict" in r)
+    assert 0.0 <= step["reward/verdict"] <= step["reward/format"] <= 1.0  # a right verdict is a readable one
+    assert summary["eval_before"]["num_prompts"] == 4
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(
+    reason="measured 2026-11-23: the format is learned (judge_format 0 -> 0.99) but held-out verdict accuracy "
+    "stays at 0.5 through step 150 (end of the run), with and without both orders in the rollout batch; the recipe "
+    "does not yet make the image-x-order XOR learnable by RL (docs/reward-models.md, Judge RL)",
+    strict=False,
+)
+def test_judge_rl_learns_verifiable_judgments(tiny_model, tmp_path):
+    """Learning proof: held-out pairwise judgment accuracy from chance (the random judge writes no verdict:
+    0) to >= 0.9, by RL alone."""
+    summary = train_policy(_config(tmp_path, tiny_model("qwen2_5_vl"), "train.eval_every=0"))
+    before, after = summary["eval_before"]["accuracy"], summary["eval_after"]["accuracy"]
+    print(f"judge RL: held-out judgment accuracy {before:.3f} -> {after:.3f}")
+    assert before <= 0.6 and after >= 0.9
