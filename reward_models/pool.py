@@ -58,6 +58,9 @@ class RewardSourceConfig:
     judge_system_prompt: str = option(JUDGE_SYSTEM_PROMPT, "judge system turn (grm; empty: the template's default)")
     unparsable_reward: float = option(0.0, "reward of an unparsable judgment (grm; counted)")
     score_max: float = option(1.0, "pointwise numeric judgments are divided by this (grm)")
+    engine: str = option(
+        "hf", "generation engine of a grm judge: hf or vllm (needs .venv-vllm)", choices=("hf", "vllm")
+    )
 
 
 @dataclass
@@ -146,6 +149,7 @@ class NeuralSource:
                 max_new_tokens=cfg.max_new_tokens,
                 default=cfg.unparsable_reward,
                 score_max=cfg.score_max,
+                engine=cfg.engine,
             )
             self.model, self.processor = self.grm.model, self.grm.processor
         self.model.eval().requires_grad_(False)

