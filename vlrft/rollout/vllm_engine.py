@@ -25,6 +25,7 @@ import torch
 
 from data_pipelines.collate import EncodedPrompt, tokenizer_of
 from vlrft.config import ConfigError, option
+from vlrft.models.processing import IMAGE_ONLY_PROCESSORS, torchvision_available
 from vlrft.rollout.base import Rollout, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -106,6 +107,8 @@ class VLLMRolloutEngine:
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         vllm = _vllm_module()
         self._vllm = vllm
+        if not torchvision_available():
+            _image_only_processors()
         vocab = self.tokenizer.get_vocab()
         self.image_pad_id = vocab.get(IMAGE_PAD)
         self.suppress = {vocab[t] for t in VISION_TOKENS if t in vocab}
@@ -135,11 +138,11 @@ class VLLMRolloutEngine:
         if distributed:  # the engine lives in each torchrun rank (TRL's and EasyR1's colocation)
             kwargs["distributed_executor_backend"] = "external_launcher"
         self.llm = vllm.LLM(**kwargs)
-        gen = self.llm.llm_engine.model_config.hf_config
-        text_cfg = gen.get_text_config() if hasattr(gen, "get_text_config") else gen
-        eos = getattr(self.llm.llm_engine.model_config.try_get_generation_config(), "get", lambda k: None)(
-            "eos_token_id"
-        )
+        model_config = self.llm.model_config
+        hf_config = model_config.hf_config
+        text_cfg = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
+        # the generation config's EOS list wins, as in the hf engine (Qwen instruct: <|im_end|>, <|endoftext|>)
+        eos = model_config.try_get_generation_config().get("eos_token_id")
         eos = eos if eos is not None else text_cfg.eos_token_id
         self.eos_ids = [i for i in (eos if isinstance(eos, (list, tuple)) else [eos]) if i is not None]
         self.vocab_size = int(text_cfg.vocab_size)
@@ -191,7 +194,7 @@ class VLLMRolloutEngine:
             n=sampling.n,
             temperature=sampling.temperature,
             top_p=sampling.top_p,
-            top_k=sampling.top_k if sampling.top_k > 0 else -1,
+            top_k=sampling.top_k,  # 0: off in both
             max_tokens=sampling.max_new_tokens,
             stop=list(sampling.stop) or None,
             stop_token_ids=self.eos_ids,
@@ -229,6 +232,26 @@ class VLLMRolloutEngine:
             reason,
             torch.tensor(logps, dtype=torch.float32) if len(logps) == len(ids) else None,
         )
+
+
+def _image_only_processors() -> None:
+    """vLLM builds a stock Qwen-VL processor itself (``processor_cls.from_pretrained``), which insists on a
+    video processor, which needs torchvision. Without torchvision, hand it the image-only subclass (its
+    type check passes) by wrapping the processor getter of vLLM's processor module (in-process engine)."""
+    from vllm.transformers_utils import processor as vllm_processor  # optional heavy dependency (vLLM)
+
+    original = vllm_processor.cached_get_processor
+    if getattr(original, "vlrft_image_only", False):
+        return
+
+    def get(processor_name, *args, processor_cls=None, **kwargs):
+        if processor_cls is not None:
+            processor_cls = IMAGE_ONLY_PROCESSORS.get(processor_cls, processor_cls)
+            kwargs["processor_cls"] = processor_cls
+        return original(processor_name, *args, **kwargs)
+
+    get.vlrft_image_only = True
+    vllm_processor.cached_get_processor = get
 
 
 def _cpu_stream(named_params: Iterable[tuple[str, torch.Tensor]]):
