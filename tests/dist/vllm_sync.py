@@ -42,24 +42,46 @@ def make_prompts(processor, kind: str, seed: int = 3) -> list:
     return [encode_prompt(processor, r) for r in records]
 
 
-def trainer_logprobs(model, processor, prompts, rollouts, temperature: float, grad: bool = False):
-    """The trainer's ``[N, R]`` log-probs of the rollouts (the policy loss's own function) and their mask."""
+def trainer_logprobs(model, processor, prompts, rollouts, temperature: float, grad: bool = False, suppress=()):
+    """The trainer's ``[N, R]`` log-probs of the rollouts (the policy loss's own function) and their mask.
+    ``suppress``: token ids the engine never samples (vision placeholders): with them, the log-probs of the
+    distribution the engine samples from (those tokens' logits at -inf, the rest renormalised)."""
     pad = tokenizer_of(processor).pad_token_id
     responses = [x.response_ids for x in rollouts]
     batch = collate_sequences(prompts, [x.prompt_index for x in rollouts], responses, pad)
     ids, mask = response_tensors(responses, pad)
-    with torch.set_grad_enabled(grad):
-        logp, _ = response_logprobs(model, batch, ids, temperature=temperature)
+    handle = None
+    if suppress:
+        banned = torch.tensor(sorted(suppress))
+        head = model.get_output_embeddings()
+        handle = head.register_forward_hook(lambda m, i, out: out.index_fill(-1, banned.to(out.device), -float("inf")))
+    try:
+        with torch.set_grad_enabled(grad):
+            logp, _ = response_logprobs(model, batch, ids, temperature=temperature)
+    finally:
+        if handle is not None:
+            handle.remove()
     return logp, mask
 
 
-def max_logprob_gap(engine, model, processor, prompts, temperature: float = 0.8) -> float:
-    """Largest |vLLM - trainer| log-prob over the tokens vLLM sampled (n=2 per prompt)."""
+def logprob_gaps(engine, model, processor, prompts, temperature: float = 0.8) -> tuple[float, float]:
+    """Largest |vLLM - trainer| log-prob over the tokens vLLM sampled (n=2 per prompt): against the trainer's
+    distribution with the vision placeholders the engine suppresses left out, and against the plain one
+    (which differs by the suppressed tokens' probability mass, -log(1 - p))."""
     rollouts = engine.generate(prompts, SamplingParams(n=2, temperature=temperature, max_new_tokens=12))
-    logp, mask = trainer_logprobs(model, processor, prompts, rollouts, temperature)
-    engine_logp = stack_rollout_logprobs(rollouts, mask.shape[1])
-    assert engine_logp is not None and int(mask.sum()) > 0
-    return float((logp.cpu() - engine_logp).abs()[mask.bool()].max())
+    engine_logp = None
+    gaps = []
+    for suppress in (engine.suppress, ()):
+        logp, mask = trainer_logprobs(model, processor, prompts, rollouts, temperature, suppress=suppress)
+        engine_logp = stack_rollout_logprobs(rollouts, mask.shape[1])
+        assert engine_logp is not None and int(mask.sum()) > 0
+        gaps.append(float((logp.cpu() - engine_logp).abs()[mask.bool()].max()))
+    return gaps[0], gaps[1]
+
+
+def max_logprob_gap(engine, model, processor, prompts, temperature: float = 0.8) -> float:
+    """:func:`logprob_gaps` against the distribution the engine samples from."""
+    return logprob_gaps(engine, model, processor, prompts, temperature)[0]
 
 
 def main() -> None:

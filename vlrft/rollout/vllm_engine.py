@@ -42,6 +42,9 @@ class VLLMConfig:
     gpu_memory_utilization: float = option(
         0.4, "share of GPU memory vLLM may take (weights + KV cache), the rest is the trainer's"
     )
+    kv_cache_gib: float = option(
+        0.0, "KV cache size in GiB (0: what gpu_memory_utilization leaves on a GPU; 1 GiB on CPU)"
+    )
     max_model_len: int = option(0, "longest prompt + response in tokens (0: the model's own limit)")
     sleep_level: int = option(
         1,
@@ -131,6 +134,10 @@ class VLLMRolloutEngine:
         )
         if on_gpu:
             kwargs["gpu_memory_utilization"] = cfg.gpu_memory_utilization
+        # on CPU vLLM would reserve gpu_memory_utilization x all host memory; a fixed KV cache instead
+        kv_gib = cfg.kv_cache_gib or (0.0 if on_gpu else 1.0)
+        if kv_gib:
+            kwargs["kv_cache_memory_bytes"] = int(kv_gib * 2**30)
         if cfg.max_model_len:
             kwargs["max_model_len"] = cfg.max_model_len
         if getattr(processor, "image_processor", None) is not None:
