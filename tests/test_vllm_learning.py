@@ -19,7 +19,7 @@ from vlrft.config import load_config  # noqa: E402
 from vlrft.trainer.config import PolicyTrainConfig  # noqa: E402
 from vlrft.trainer.run import train_policy  # noqa: E402
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(3600)]
 
 
 def test_grpo_through_vllm_learns_to_name_colours(tiny_model, tmp_path):

@@ -244,12 +244,16 @@ class VLLMRolloutEngine:
 def _image_only_processors() -> None:
     """vLLM builds a stock Qwen-VL processor itself (``processor_cls.from_pretrained``), which insists on a
     video processor, which needs torchvision. Without torchvision, hand it the image-only subclass (its
-    type check passes) by wrapping the processor getter of vLLM's processor module (in-process engine)."""
-    from vllm.transformers_utils import processor as vllm_processor  # optional heavy dependency (vLLM)
+    type check passes) by wrapping the processor getter of vLLM's processor module (in-process engine),
+    and make its Qwen-VL modality limits name images only (else it asks that processor for video kwargs)."""
+    # optional heavy dependency (vLLM): imported only when this engine is built
+    from vllm.model_executor.models import qwen2_vl as vllm_qwen2_vl
+    from vllm.transformers_utils import processor as vllm_processor
 
     original = vllm_processor.cached_get_processor
     if getattr(original, "vlrft_image_only", False):
         return
+    vllm_qwen2_vl.Qwen2VLProcessingInfo.get_supported_mm_limits = lambda self: {"image": None}
 
     def get(processor_name, *args, processor_cls=None, **kwargs):
         if processor_cls is not None:
