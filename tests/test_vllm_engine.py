@@ -11,6 +11,8 @@ Needs vLLM (``bash scripts/setup.sh --vllm``; run with ``bash scripts/test.sh --
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -20,7 +22,7 @@ pytest.importorskip(
     "vllm", reason="vLLM is not installed here: bash scripts/setup.sh --vllm; bash scripts/test.sh --vllm"
 )
 
-from tests.test_policy_distributed import _run_script  # noqa: E402
+from tests.test_policy_distributed import _env  # noqa: E402
 from vlrft.models.loading import load_model  # noqa: E402
 from vlrft.rollout import HFRolloutEngine, SamplingParams, VLLMRolloutEngine  # noqa: E402
 
@@ -72,7 +74,15 @@ def test_sync_after_optimizer_steps_and_skipped_sync_detected(strategy, tiny_mod
     engine's log-probs of its own samples equal the trainer's (ZeRO-3 for deepspeed; 2 gloo ranks)."""
     path = tiny_model("qwen2_5_vl", **SIZES)
     out = tmp_path / "gaps"
-    _run_script("vllm_sync.py", [str(path), str(out), strategy], 1 if strategy == "single" else 2)
+    script = str(Path(__file__).parent / "dist" / "vllm_sync.py")
+    launcher = [sys.executable] if strategy == "single" else [sys.executable, "-m", "torch.distributed.run"]
+    if strategy != "single":
+        launcher += ["--nproc_per_node", "2", "--master_port", str(29400 + os.getpid() % 1000)]
+    # each rank starts its own vLLM engine: minutes on a loaded 2-core machine
+    res = subprocess.run(
+        [*launcher, script, str(path), str(out), strategy], capture_output=True, text=True, env=_env(), timeout=1800
+    )
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-6000:]
     for rank_file in sorted(tmp_path.glob("gaps.*")):
         gaps = json.loads(rank_file.read_text())
         print(f"{strategy} {rank_file.name}: skipped sync {gaps['skipped']:.3e}, synced {gaps['synced']:.3e}")
