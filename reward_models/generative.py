@@ -95,9 +95,12 @@ class GenerativeRewardModel:
         max_new_tokens: int = 32,
         default: float = 0.0,
         score_max: float = 1.0,
+        engine: str = "hf",
     ):
         self.model = model
         self.processor = processor
+        self.engine_name = engine  # hf: a fresh engine on the model per call; vllm: one engine, built once
+        self._engine = None
         self.template = template
         self.system = system or None
         self.max_new_tokens = max_new_tokens
@@ -114,8 +117,13 @@ class GenerativeRewardModel:
     def judge(
         self, items: list[tuple[str, list[Any], str | None]], micro_batch_size: int = 8, synced_gpus: bool = False
     ) -> list[str]:
-        """Greedy judgments for ``(user_text, images, system)`` items (an ``hf`` engine on the model's device)."""
-        engine = make_engine("hf", self.model, self.processor, synced=synced_gpus, micro_batch_size=micro_batch_size)
+        """Greedy judgments for ``(user_text, images, system)`` items (an ``hf`` engine on the model's device,
+        or the judge's vLLM engine: ``engine="vllm"``)."""
+        engine = self._engine or make_engine(
+            self.engine_name, self.model, self.processor, synced=synced_gpus, micro_batch_size=micro_batch_size
+        )
+        if self.engine_name == "vllm":
+            self._engine = engine
         return generate_judgments(engine, self.processor, items, self.max_new_tokens)
 
     def score(

@@ -76,6 +76,9 @@ class RewardSourceConfig:
         "group", "pairwise grm: score = win rate against the group, or preference over the reference", choices=AGAINST
     )
     debias: str = option("none", "pairwise grm: swap = judge both orders and average (position bias)", choices=DEBIAS)
+    engine: str = option(
+        "hf", "generation engine of a grm judge: hf or vllm (needs .venv-vllm)", choices=("hf", "vllm")
+    )
 
 
 @dataclass
@@ -172,6 +175,7 @@ class NeuralSource:
                 max_new_tokens=cfg.max_new_tokens,
                 default=cfg.unparsable_reward,
                 score_max=cfg.score_max,
+                engine=cfg.engine,
             )
             self.model, self.processor = self.grm.model, self.grm.processor
             self.pairwise = PairwiseJudge(self.grm, cfg.debias) if cfg.judge_mode == "pairwise" else None

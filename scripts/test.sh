@@ -2,6 +2,7 @@
 # Sets up .venv (with the test tools), checks formatting and lint (ruff), and runs the test suite.
 #   bash scripts/test.sh           # the default suite (everything not marked slow)
 #   bash scripts/test.sh --slow    # only the slow tests (learning proofs with distributed strategies, ...)
+#   bash scripts/test.sh --vllm    # only the tests marked vllm, in .venv-vllm (built by setup.sh --vllm)
 #   bash scripts/test.sh -- ARGS   # extra pytest arguments
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,8 +11,15 @@ bash scripts/setup.sh --dev
 .venv/bin/ruff format --check --quiet . || { echo "ruff format: files above are not formatted (run .venv/bin/ruff format .)" >&2; exit 1; }
 .venv/bin/ruff check --quiet .
 marker="not slow"
+py=.venv/bin/python
 if [ "${1:-}" = "--slow" ]; then marker="slow"; shift; fi
+if [ "${1:-}" = "--vllm" ]; then
+  marker="vllm"
+  py=.venv-vllm/bin/python
+  shift
+  bash scripts/setup.sh --vllm
+fi
 [ "${1:-}" = "--" ] && shift
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 WANDB_MODE=offline
 export TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$PWD/.cache/torch_extensions}"
-exec .venv/bin/python -m pytest -m "$marker" "$@"
+exec "$py" -m pytest -m "$marker" "$@"

@@ -25,4 +25,7 @@ def test_launch_script_config_resolves(script):
     cfg = load_config(PolicyTrainConfig, REPO / config, overrides)
     assert cfg.model.path.startswith("Qwen/") and cfg.strategy.name in ("fsdp2", "deepspeed")
     assert cfg.strategy.mixed_precision == "bf16"
+    if "vllm" in script.name:  # the vLLM recipe: engine, its venv, a rollout correction
+        assert cfg.rollout.engine == "vllm" and cfg.algorithm.rollout_correction == "token_tis"
+        assert ".venv-vllm/bin/torchrun" in head + config
     assert len(SCRIPTS) >= 2

@@ -43,6 +43,21 @@ def test_lora_is_merged_like_peft_merge_and_unload(tiny_model):
     assert changed and all(("q_proj" in k or "v_proj" in k) and k.endswith("weight") for k in changed)
 
 
+def test_trainable_only_leaves_out_a_frozen_vision_tower_but_keeps_lora_bases(tiny_model):
+    """What a vLLM engine is sent after an update: a frozen tower is not re-sent; LoRA bases are, merged."""
+    path = tiny_model("qwen2_5_vl")
+    s = make_strategy(StrategyConfig(freeze_vision_tower=True), OptimConfig())
+    s.prepare(AutoModelForImageTextToText.from_pretrained(path))
+    every, trainable = dict(s.full_params()), dict(s.full_params(trainable_only=True))
+    left_out = set(every) - set(trainable)
+    assert left_out and all(".visual." in k for k in left_out)
+    assert not any(".visual." in k for k in trainable) and len(trainable) + len(left_out) == len(every)
+    s = make_strategy(StrategyConfig(lora_rank=4, lora_target_modules="q_proj,v_proj"), OptimConfig())
+    s.prepare(AutoModelForImageTextToText.from_pretrained(path))
+    sent = dict(s.full_params(trainable_only=True))
+    assert sent and all(("q_proj" in k or "v_proj" in k) for k in sent)  # only the LoRA-merged weights move
+
+
 @pytest.mark.distributed
 @pytest.mark.parametrize("strategy, stage", [("fsdp2", "2"), ("deepspeed", "3")])
 def test_sharded_strategies_stream_full_tensors(tiny_model, tmp_path, strategy, stage):

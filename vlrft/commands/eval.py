@@ -45,6 +45,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="resize images to at most this many pixels (default: the processor decides)",
     )
+    p.add_argument(
+        "--engine",
+        default="hf",
+        choices=["hf", "vllm"],
+        help="generation engine: hf (batched generate) or vllm (needs .venv-vllm; see docs/train-policy.md)",
+    )
     p.add_argument("--out", default=None, help="output folder (required for an evaluation)")
     p.add_argument("--overwrite", action="store_true", help="start over instead of resuming from --out")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -117,6 +123,7 @@ def run(args: argparse.Namespace) -> int:
     from eval.benchmarks import get_benchmark
     from eval.runner import evaluate
     from vlrft.models.loading import load_model, resolve_model_path
+    from vlrft.rollout import make_engine
     from vlrft.trainer.preflight import check_model_folder
 
     try:
@@ -134,6 +141,7 @@ def run(args: argparse.Namespace) -> int:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     model, processor = load_model(path, args.dtype, device)
     image_kwargs = {"max_pixels": args.max_pixels, "min_pixels": None} if args.max_pixels else None
+    engine = make_engine(args.engine, model, processor, micro_batch_size=args.batch_size)
     metrics = evaluate(
         model,
         processor,
@@ -150,6 +158,7 @@ def run(args: argparse.Namespace) -> int:
         resume=not args.overwrite,
         progress=not args.no_progress,
         image_kwargs=image_kwargs,
+        engine=engine,
         run_info={"model": str(args.model), "data": str(args.data), "split": args.split, "limit": args.limit},
     )
     lo, hi = metrics["accuracy_ci95"]

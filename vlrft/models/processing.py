@@ -60,6 +60,12 @@ ImageOnlyQwen2_5_VLProcessor = _image_only(Qwen2_5_VLProcessor)
 ImageOnlyQwen3VLProcessor = _image_only(Qwen3VLProcessor) if Qwen3VLProcessor is not None else None
 
 
+# stock processor class -> its image-only subclass (an engine that builds the stock class itself gets this)
+IMAGE_ONLY_PROCESSORS = {Qwen2VLProcessor: ImageOnlyQwen2VLProcessor, Qwen2_5_VLProcessor: ImageOnlyQwen2_5_VLProcessor}
+if Qwen3VLProcessor is not None:
+    IMAGE_ONLY_PROCESSORS[Qwen3VLProcessor] = ImageOnlyQwen3VLProcessor
+
+
 def register_image_only_processors() -> None:
     """Make ``AutoProcessor`` know the image-only processors (tiny models are saved with them).
 

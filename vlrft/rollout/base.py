@@ -36,7 +36,22 @@ class Rollout:
     logprobs: torch.Tensor | None = None
 
 
+def stack_rollout_logprobs(rollouts: list[Rollout], width: int) -> torch.Tensor | None:
+    """``[N, width]`` engine log-probs of the rollouts' responses (0 past each response), or None when the
+    engine reported none (``hf``): what rollout correction compares with the trainer's."""
+    if not rollouts or any(x.logprobs is None for x in rollouts):
+        return None
+    out = torch.zeros((len(rollouts), width), dtype=torch.float32)
+    for i, x in enumerate(rollouts):
+        out[i, : x.logprobs.numel()] = x.logprobs
+    return out
+
+
 class RolloutEngine(Protocol):
+    # False: the engine can keep parameters that do not train (a frozen vision tower) from its last load,
+    # so update_weights gets the trainable ones only (Strategy.full_params(trainable_only=True))
+    needs_all_params: bool
+
     def generate(self, prompts: list[EncodedPrompt], sampling: SamplingParams) -> list[Rollout]:
         """``sampling.n`` rollouts per prompt, prompt-major (rollouts of prompt 0 first)."""
 

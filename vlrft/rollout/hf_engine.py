@@ -23,6 +23,8 @@ _VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|ima
 
 
 class HFRolloutEngine:
+    needs_all_params = False  # it reads no stream at all (see update_weights)
+
     def __init__(self, model: torch.nn.Module, processor, *, synced: bool = False, micro_batch_size: int = 16):
         self.model = model
         self.processor = processor

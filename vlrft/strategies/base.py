@@ -328,13 +328,15 @@ class Strategy:
         """The full (unsharded) model state on CPU; complete on rank 0 (may be empty elsewhere)."""
         raise NotImplementedError
 
-    def full_params(self) -> Iterator[tuple[str, torch.Tensor]]:
+    def full_params(self, *, trainable_only: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
         """The trained model's full parameters, one ``(Hugging Face name, tensor)`` at a time, on every
         rank: what a rollout engine with its own copy of the weights loads after each update (vLLM's
         ``load_weights`` takes this stream). LoRA is merged in (``W + scaling * B @ A``, peft's formula)
         under the base model's names; the adapters themselves are not yielded. Only one gathered tensor
         exists at a time. Sharded strategies gather each tensor collectively, so every rank must consume
-        the whole stream; tensors may alias the live parameters (copy one to keep it past the next step)."""
+        the whole stream; tensors may alias the live parameters (copy one to keep it past the next step).
+        ``trainable_only``: skip frozen parameters (a frozen vision tower) that an engine already holds;
+        LoRA-wrapped base weights are still sent, merged."""
         model = self.unwrap()
         lora_layers = {
             name: m for name, m in model.named_modules() if hasattr(m, "lora_A") and hasattr(m, "base_layer")
@@ -342,8 +344,10 @@ class Strategy:
         for name, param in model.named_parameters():
             if ".lora_" in name:
                 continue
-            tensor = self._full_tensor(param)
             owner = name.rpartition(".")[0].removesuffix(".base_layer")
+            if trainable_only and not param.requires_grad and owner not in lora_layers:
+                continue
+            tensor = self._full_tensor(param)
             if owner in lora_layers and name.endswith(".base_layer.weight"):
                 tensor = tensor + self._lora_delta(lora_layers[owner]).to(tensor.dtype)
             yield _hf_name(name), tensor

@@ -12,8 +12,10 @@ from dataclasses import dataclass
 
 from reward_models.pool import RewardPoolConfig, RewardSourceConfig
 from vlrft.algorithms import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, LOSS_AGG_MODES, POLICY_LOSSES
+from vlrft.algorithms.rollout_correction import ROLLOUT_CORRECTIONS
 from vlrft.archs import ARCHS
 from vlrft.config import ConfigError, option
+from vlrft.rollout.vllm_engine import VLLMConfig
 from vlrft.strategies.base import OptimConfig, StrategyConfig
 from vlrft.tracking import LoggingConfig
 
@@ -83,7 +85,13 @@ class PolicyDataConfig:
 class RolloutConfig:
     """Sampling of responses."""
 
-    engine: str = option("hf", "rollout engine (hf: batched generate on the policy itself)", choices=("hf",))
+    engine: str = option(
+        "hf",
+        "rollout engine (hf: batched generate on the policy itself; vllm: a colocated vLLM engine, "
+        "weights synced after each update, see docs/train-policy.md)",
+        choices=("hf", "vllm"),
+    )
+    vllm: VLLMConfig = option(VLLMConfig(), "the vLLM engine (rollout.engine=vllm)")
     rollout_batch_size: int = option(16, "prompts per RL step (global, over all ranks)", ge=1)
     n_samples_per_prompt: int = option(8, "responses sampled per prompt (the group size)", ge=1)
     micro_rollout_batch_size: int = option(16, "prompts per generate call per rank", ge=1)
@@ -133,6 +141,16 @@ class AlgorithmConfig:
         1.0, "train only on the top rho fraction of tokens by entropy (1: all)", gt=0, le=1
     )
     policy_drift_coef: float = option(0.1, "CPGD policy-drift weight", ge=0)
+    rollout_correction: str = option(
+        "none",
+        "correction for the rollout engine's log-probs differing from the trainer's (rollout.engine=vllm): "
+        "none, token_tis (truncated IS per token), sequence_mask (drop sequences off by more than the threshold)",
+        choices=ROLLOUT_CORRECTIONS,
+    )
+    rollout_is_cap: float = option(2.0, "token_tis: cap C of the per-token weight min(pi_old / pi_rollout, C)", gt=0)
+    rollout_mask_threshold: float = option(
+        2.0, "sequence_mask: keep a sequence if its geometric-mean ratio lies in [1/threshold, threshold]"
+    )
 
 
 @dataclass
@@ -218,5 +236,10 @@ class PolicyTrainConfig:
             )
         if self.algorithm.max_sampling_tries < 1:
             raise ValueError(f"algorithm.max_sampling_tries must be >= 1, got {self.algorithm.max_sampling_tries}")
+        if self.algorithm.rollout_is_cap <= 0 or self.algorithm.rollout_mask_threshold <= 1:
+            raise ValueError(
+                f"algorithm.rollout_is_cap must be > 0 (got {self.algorithm.rollout_is_cap}) and "
+                f"algorithm.rollout_mask_threshold > 1 (got {self.algorithm.rollout_mask_threshold})"
+            )
         if self.algorithm.dual_clip and self.algorithm.dual_clip <= 1:
             raise ValueError(f"algorithm.dual_clip must be > 1 (or 0 for off), got {self.algorithm.dual_clip}")

@@ -85,6 +85,7 @@ class Experience:
     values: torch.Tensor | None = None  # [N, R] critic values at rollout time (PPO with a critic)
     returns: torch.Tensor | None = None  # [N, R] GAE returns, the critic's targets
     groups: list[ScoredGroup] = field(default_factory=list)  # what the rows came from (sample logs)
+    rollout_log_probs: torch.Tensor | None = None  # [N, R] the engine's own (vllm), for rollout correction
 
     def __len__(self) -> int:
         return int(self.response_ids.shape[0])
@@ -127,7 +128,7 @@ class Experience:
         out["response_ids"] = self.response_ids[index][:, :rlen]
         out["response_mask"] = self.response_mask[index][:, :rlen]
         out["advantages"] = self.advantages[index][:, :rlen]
-        for name in ("old_log_probs", "ref_log_probs", "values", "returns"):
+        for name in ("old_log_probs", "ref_log_probs", "values", "returns", "rollout_log_probs"):
             value = getattr(self, name)
             if value is not None:
                 out[name] = value[index][:, :rlen]

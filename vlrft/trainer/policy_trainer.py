@@ -35,8 +35,9 @@ from vlrft.algorithms import (
     overlong_penalty,
     value_loss,
 )
+from vlrft.algorithms.rollout_correction import rollout_correction
 from vlrft.nonfinite import NonFiniteGuard
-from vlrft.rollout import SamplingParams, make_engine
+from vlrft.rollout import SamplingParams, make_engine, stack_rollout_logprobs
 from vlrft.sampling import seeded_permutation
 from vlrft.strategies import Strategy
 from vlrft.tracking import append_jsonl
@@ -106,6 +107,8 @@ class PolicyTrainer:
             processor,
             synced=strategy.shards_parameters,
             micro_batch_size=r.micro_rollout_batch_size,
+            vllm=r.vllm,
+            distributed=strategy.distributed,
         )
         a = cfg.algorithm
         self.kl_ctl = (
@@ -267,6 +270,7 @@ class PolicyTrainer:
             values=values,
             returns=returns if values is not None else None,
             groups=groups,
+            rollout_log_probs=stack_rollout_logprobs(rollouts, response_ids.shape[1]),
         )
 
     def _logprobs(self, model, batch, response_ids) -> torch.Tensor:
@@ -369,6 +373,10 @@ class PolicyTrainer:
             max_response_length=r.max_new_tokens,
         )
         extra = {"policy_drift_coef": a.policy_drift_coef} if a.policy_loss == "cpgd" else {}
+        rollout_logp = mb.get("rollout_log_probs")  # the engine's own (vllm; None for hf) vs the trainer's
+        is_weights, loss_mask, rc_metrics = rollout_correction(
+            a.rollout_correction, old, rollout_logp, loss_mask, cap=a.rollout_is_cap, threshold=a.rollout_mask_threshold
+        )
         loss, metrics = compute_policy_loss(
             a.policy_loss,
             logp,
@@ -378,10 +386,11 @@ class PolicyTrainer:
             clip_low=a.clip_low,
             clip_high=a.clip_high,
             dual_clip=a.dual_clip or None,
+            is_weights=is_weights,
             **agg_kw,
             **extra,
         )
-        metrics = {f"policy/{k}": float(v) for k, v in metrics.items()}
+        metrics = {f"policy/{k}": float(v) for k, v in metrics.items()} | rc_metrics
         metrics["policy/loss"] = float(loss.detach())
         agg = {k: agg_kw[k] for k in ("global_token_count", "num_sequences", "max_response_length")}
         if "ref_log_probs" in mb:
@@ -441,7 +450,7 @@ class PolicyTrainer:
     def _sync_engine(self) -> None:
         """Wake the engine and hand it the updated weights (an in-process engine reads nothing)."""
         self.engine.wake()
-        self.engine.update_weights(self.strategy.full_params())
+        self.engine.update_weights(self.strategy.full_params(trainable_only=not self.engine.needs_all_params))
 
     def _reduce_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
         if not self.strategy.distributed:

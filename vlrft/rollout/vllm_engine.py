@@ -1,0 +1,271 @@
+"""The ``vllm`` rollout engine: a colocated vLLM ``LLM`` in the trainer's own process (``rollout.engine=vllm``).
+
+Created once per process from the policy's folder; after each optimizer step the trainer streams the
+new weights into it (``update_weights``: Hugging Face names, one tensor at a time, through vLLM's
+``reload_weights`` worker call), then the prefix cache (and, for Qwen-VL, the encoder cache) is reset
+so nothing computed with the old weights is reused. Prompts go in as token ids with the raw (already
+resized) images in ``multi_modal_data``: each run of image placeholders is collapsed to one, which vLLM
+expands again. ``n`` samples per prompt are one request. The sampled tokens' log-probs come back after
+temperature (``logprobs_mode="processed_logprobs"``), for rollout correction.
+
+Sleep/wake: on GPUs the engine is created with ``enable_sleep_mode`` and frees its weights and KV cache
+(``rollout.vllm.sleep_level``) while the policy trains; vLLM's CPU backend refuses sleep mode, so there
+``sleep``/``wake`` are no-ops (said once in the log). On CPU: in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``),
+eager, one process per engine (tensor parallel is refused). ``scripts/setup.sh --vllm`` builds the venv.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import Iterable
+
+import torch
+
+from data_pipelines.collate import EncodedPrompt, tokenizer_of
+from vlrft.config import ConfigError, option
+from vlrft.models.processing import IMAGE_ONLY_PROCESSORS, torchvision_available
+from vlrft.rollout.base import Rollout, SamplingParams
+
+log = logging.getLogger(__name__)
+
+# a response must never contain these (the next forward would expect image features for them)
+VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>")
+IMAGE_PAD = "<|image_pad|>"
+
+
+@dataclass
+class VLLMConfig:
+    """The colocated vLLM engine (``rollout.engine=vllm``)."""
+
+    gpu_memory_utilization: float = option(
+        0.4, "share of GPU memory vLLM may take (weights + KV cache), the rest is the trainer's"
+    )
+    kv_cache_gib: float = option(
+        0.0, "KV cache size in GiB (0: what gpu_memory_utilization leaves on a GPU; 1 GiB on CPU)"
+    )
+    max_model_len: int = option(0, "longest prompt + response in tokens (0: the model's own limit)")
+    sleep_level: int = option(
+        1,
+        "while the policy trains: 0 keep everything, 1 offload weights to CPU and drop the KV cache, 2 drop "
+        "both (every parameter is then re-sent after each step); a no-op on CPU",
+        choices=(0, 1, 2),
+    )
+    enforce_eager: bool = option(False, "no CUDA graphs (always on for CPU)")
+    dtype: str = option(
+        "auto", "vLLM's dtype (auto: the policy's; float32 on CPU)", choices=("auto", "float32", "bfloat16")
+    )
+    tensor_parallel_size: int = option(1, "GPUs per engine (vLLM tensor parallel; 1 on CPU)")
+    max_images_per_prompt: int = option(8, "vLLM's limit_mm_per_prompt for images")
+
+
+def collapse_image_pads(ids: list[int], image_pad_id: int) -> list[int]:
+    """Prompt token ids with each run of image placeholders collapsed to one (vLLM expands it itself)."""
+    out: list[int] = []
+    for tok in ids:
+        if tok == image_pad_id and out and out[-1] == image_pad_id:
+            continue
+        out.append(tok)
+    return out
+
+
+def _vllm_module():
+    # vLLM is an optional heavy dependency (its own venv: scripts/setup.sh --vllm): imported here only
+    try:
+        import vllm
+    except ImportError as exc:
+        raise ConfigError(
+            f"rollout.engine=vllm: vLLM does not import ({exc}); build its venv with "
+            "`bash scripts/setup.sh --vllm` and run with .venv-vllm/bin/python"
+        ) from exc
+    return vllm
+
+
+class VLLMRolloutEngine:
+    """A vLLM engine on the policy in ``model_path`` (a folder vLLM loads: config, weights, processor)."""
+
+    def __init__(
+        self,
+        model_path: str,
+        processor,
+        cfg: VLLMConfig | None = None,
+        *,
+        model_dtype: torch.dtype = torch.float32,
+        distributed: bool = False,
+        seed: int = 0,
+    ):
+        cfg = cfg or VLLMConfig()
+        self.cfg = cfg
+        self.processor = processor
+        self.tokenizer = tokenizer_of(processor)
+        on_gpu = torch.cuda.is_available()
+        if not on_gpu:
+            if cfg.tensor_parallel_size != 1:
+                raise ConfigError(
+                    f"rollout.vllm.tensor_parallel_size={cfg.tensor_parallel_size}: vLLM's CPU backend runs "
+                    "one engine per process here; set it to 1"
+                )
+            # in-process engine: the weight stream (tensors, an iterator) cannot cross to a worker process
+            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        vllm = _vllm_module()
+        self._vllm = vllm
+        if not torchvision_available():
+            _image_only_processors()
+        vocab = self.tokenizer.get_vocab()
+        self.image_pad_id = vocab.get(IMAGE_PAD)
+        self.suppress = {vocab[t] for t in VISION_TOKENS if t in vocab}
+        self.sleep_mode = on_gpu and cfg.sleep_level > 0
+        self.asleep = False
+        self._said_no_sleep = False
+        dtype = cfg.dtype
+        if dtype == "auto":
+            dtype = "float32" if not on_gpu else str(model_dtype).removeprefix("torch.")
+        kwargs = dict(
+            model=str(model_path),
+            tokenizer=str(model_path),
+            dtype=dtype,
+            seed=seed,
+            enforce_eager=cfg.enforce_eager or not on_gpu,
+            enable_prefix_caching=True,
+            logprobs_mode="processed_logprobs",
+            tensor_parallel_size=cfg.tensor_parallel_size,
+            enable_sleep_mode=self.sleep_mode,
+        )
+        if on_gpu:
+            kwargs["gpu_memory_utilization"] = cfg.gpu_memory_utilization
+        # on CPU vLLM would reserve gpu_memory_utilization x all host memory; a fixed KV cache instead
+        kv_gib = cfg.kv_cache_gib or (0.0 if on_gpu else 1.0)
+        if kv_gib:
+            kwargs["kv_cache_memory_bytes"] = int(kv_gib * 2**30)
+        if cfg.max_model_len:
+            kwargs["max_model_len"] = cfg.max_model_len
+        if getattr(processor, "image_processor", None) is not None:
+            kwargs["limit_mm_per_prompt"] = {"image": cfg.max_images_per_prompt, "video": 0}
+        if distributed:  # the engine lives in each torchrun rank (TRL's and EasyR1's colocation)
+            kwargs["distributed_executor_backend"] = "external_launcher"
+        self.llm = vllm.LLM(**kwargs)
+        model_config = self.llm.model_config
+        hf_config = model_config.hf_config
+        text_cfg = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
+        # the generation config's EOS list wins, as in the hf engine (Qwen instruct: <|im_end|>, <|endoftext|>)
+        eos = model_config.try_get_generation_config().get("eos_token_id")
+        eos = eos if eos is not None else text_cfg.eos_token_id
+        self.eos_ids = [i for i in (eos if isinstance(eos, (list, tuple)) else [eos]) if i is not None]
+        self.vocab_size = int(text_cfg.vocab_size)
+        self.allowed = [i for i in range(self.vocab_size) if i not in self.suppress]
+
+    # ------------------------------------------------------------------ seam
+    def update_weights(self, named_params: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Stream (HF name, tensor) pairs into the engine, then forget caches built with the old weights."""
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": _cpu_stream(named_params)})
+        self.llm.reset_prefix_cache()
+        reset_mm = getattr(self.llm, "reset_mm_cache", None)
+        if reset_mm is not None:
+            reset_mm()
+        reset_encoder = getattr(self.llm.llm_engine, "reset_encoder_cache", None)
+        if reset_encoder is not None:
+            reset_encoder()
+
+    def sleep(self) -> None:
+        if not self.sleep_mode:
+            self._no_sleep()
+            return
+        if not self.asleep:
+            self.llm.sleep(level=self.cfg.sleep_level)
+            self.asleep = True
+
+    def wake(self) -> None:
+        if not self.sleep_mode:
+            self._no_sleep()
+            return
+        if self.asleep:
+            self.llm.wake_up()
+            self.asleep = False
+
+    @property
+    def needs_all_params(self) -> bool:
+        """Level-2 sleep drops the weights: every tensor (a frozen tower too) must be re-sent."""
+        return self.sleep_mode and self.cfg.sleep_level == 2
+
+    def _no_sleep(self) -> None:
+        if not self._said_no_sleep:
+            log.warning("vLLM engine: sleep mode is unavailable here (CPU backend); sleep/wake are no-ops")
+            self._said_no_sleep = True
+
+    # ------------------------------------------------------------------ generation
+    def generate(self, prompts: list[EncodedPrompt], sampling: SamplingParams) -> list[Rollout]:
+        if self.asleep:
+            self.wake()
+        params = self._vllm.SamplingParams(
+            n=sampling.n,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=sampling.top_k,  # 0: off in both
+            max_tokens=sampling.max_new_tokens,
+            stop=list(sampling.stop) or None,
+            stop_token_ids=self.eos_ids,
+            include_stop_str_in_output=True,  # the hf engine keeps stop strings in the response
+            skip_special_tokens=True,
+            logprobs=0,
+            allowed_token_ids=self.allowed if self.suppress else None,
+        )
+        requests = [self._request(p) for p in prompts]
+        outputs = self.llm.generate(requests, params, use_tqdm=False)
+        rollouts = []
+        for index, out in enumerate(outputs):
+            for sample in out.outputs:
+                rollouts.append(self._rollout(index, sample))
+        return rollouts
+
+    def _request(self, prompt: EncodedPrompt) -> dict:
+        ids = prompt.input_ids.tolist() if torch.is_tensor(prompt.input_ids) else list(prompt.input_ids)
+        images = list(prompt.images or [])
+        if not images:
+            return {"prompt_token_ids": ids}
+        return {
+            "prompt_token_ids": collapse_image_pads(ids, self.image_pad_id),
+            "multi_modal_data": {"image": images},
+        }
+
+    def _rollout(self, index: int, sample) -> Rollout:
+        ids = list(sample.token_ids)
+        logps = [float(step[tok].logprob) for tok, step in zip(ids, sample.logprobs or [])]
+        reason = "stop" if sample.finish_reason == "stop" else "length"
+        return Rollout(
+            index,
+            torch.tensor(ids, dtype=torch.long),
+            self.tokenizer.decode(ids, skip_special_tokens=True),
+            reason,
+            torch.tensor(logps, dtype=torch.float32) if len(logps) == len(ids) else None,
+        )
+
+
+def _image_only_processors() -> None:
+    """vLLM builds a stock Qwen-VL processor itself (``processor_cls.from_pretrained``), which insists on a
+    video processor, which needs torchvision. Without torchvision, hand it the image-only subclass (its
+    type check passes) by wrapping the processor getter of vLLM's processor module (in-process engine),
+    and make its Qwen-VL modality limits name images only (else it asks that processor for video kwargs)."""
+    # optional heavy dependency (vLLM): imported only when this engine is built
+    from vllm.model_executor.models import qwen2_vl as vllm_qwen2_vl
+    from vllm.transformers_utils import processor as vllm_processor
+
+    original = vllm_processor.cached_get_processor
+    if getattr(original, "vlrft_image_only", False):
+        return
+    vllm_qwen2_vl.Qwen2VLProcessingInfo.get_supported_mm_limits = lambda self: {"image": None}
+
+    def get(processor_name, *args, processor_cls=None, **kwargs):
+        if processor_cls is not None:
+            processor_cls = IMAGE_ONLY_PROCESSORS.get(processor_cls, processor_cls)
+            kwargs["processor_cls"] = processor_cls
+        return original(processor_name, *args, **kwargs)
+
+    get.vlrft_image_only = True
+    vllm_processor.cached_get_processor = get
+
+
+def _cpu_stream(named_params: Iterable[tuple[str, torch.Tensor]]):
+    """The strategy's stream as vLLM's loader takes it (plain tensors; gathered ones are already whole)."""
+    for name, tensor in named_params:
+        yield name, tensor.detach()
