@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from PIL import Image
 
-from data_pipelines.collate import EncodedPrompt, processor_image_kwargs, tokenizer_of
+from data_pipelines.collate import EncodedPrompt, image_outputs, processor_image_kwargs, tokenizer_of, types_of
 from data_pipelines.errors import DataError
 from data_pipelines.formatting import build_messages, text_only_messages, user_content
 from data_pipelines.images import load_image
@@ -178,13 +178,7 @@ def encode_chat(processor: Any, record: ChatRecord, max_length: int | None = Non
         ends = (ids[start:] == end_id).nonzero()
         stop = start + int(ends[0]) + 1 if ends.numel() else ids.numel()
         labels[start:stop] = ids[start:stop]
-    pixel_values = enc.get("pixel_values")
-    if pixel_values is not None and pixel_values.numel() == 0:
-        pixel_values = None
-    grid = enc.get("image_grid_thw") if pixel_values is not None else None
-    types = enc.get("mm_token_type_ids")
-    types = types[0].long() if types is not None else None
-    return EncodedChat(ids, pixel_values, grid, record.images, types, labels=labels)
+    return EncodedChat(ids, *image_outputs(enc), record.images, types_of(enc), labels=labels)
 
 
 def collate_chats(chats: list[EncodedChat], pad_token_id: int) -> dict[str, torch.Tensor]:

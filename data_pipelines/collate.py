@@ -60,6 +60,20 @@ def processor_image_kwargs(processor: Any) -> dict[str, int]:
     return {"min_pixels": bounds["min_pixels"], "max_pixels": bounds["max_pixels"], "factor": bounds["image_factor"]}
 
 
+def image_outputs(enc: Any) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """``(pixel_values, image_grid_thw)`` of one processor output (``None, None`` without images)."""
+    pixel_values = enc.get("pixel_values")
+    if pixel_values is not None and pixel_values.numel() == 0:
+        pixel_values = None
+    return pixel_values, (enc.get("image_grid_thw") if pixel_values is not None else None)
+
+
+def types_of(enc: Any) -> torch.Tensor | None:
+    """The processor's ``mm_token_type_ids`` of its one sequence ([L] int64; None for a text tokenizer)."""
+    types = enc.get("mm_token_type_ids")
+    return types[0].long() if types is not None else None
+
+
 def encode_prompt(
     processor: Any,
     record: Any,
@@ -84,13 +98,9 @@ def encode_prompt(
     enc = processor.apply_chat_template(
         messages, add_generation_prompt=True, tokenize=True, return_dict=True, return_tensors="pt"
     )
-    pixel_values = enc.get("pixel_values")
-    if pixel_values is not None and pixel_values.numel() == 0:
-        pixel_values = None
-    grid = enc.get("image_grid_thw") if pixel_values is not None else None
-    types = enc.get("mm_token_type_ids")
-    types = types[0].long() if types is not None else None
-    return EncodedPrompt(enc["input_ids"][0].long(), pixel_values, grid, images, types)
+    return EncodedPrompt(
+        enc["input_ids"][0].long(), *image_outputs(enc), images=images, mm_token_type_ids=types_of(enc)
+    )
 
 
 def _cat_images(prompts: list[EncodedPrompt]) -> dict[str, torch.Tensor]:

@@ -14,6 +14,7 @@ import random
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -321,3 +322,21 @@ def make_tiny_model(out_dir: str | Path, arch: str = "qwen2_5_vl", **sizes) -> P
         processor.save_pretrained(out)
     (out / "vlrft_tiny.json").write_text(json.dumps(spec.__dict__, indent=2, sort_keys=True) + "\n")
     return out
+
+
+def initial_model_path(model_cfg: Any, out: Path, strategy: Any, seed: int) -> str:
+    """``model_cfg.path``, or (empty) a tiny random model written once to ``out/initial-model`` from
+    ``model_cfg.tiny_*`` and ``seed``: rank 0 writes it (same seed, same bytes), all ranks wait."""
+    if model_cfg.path:
+        return model_cfg.path
+    path = Path(out) / "initial-model"
+    if strategy.is_rank0 and not (path / "config.json").is_file():
+        make_tiny_model(
+            path,
+            arch=model_cfg.tiny_arch,
+            hidden=model_cfg.tiny_hidden,
+            layers=model_cfg.tiny_layers,
+            seed=seed,
+        )
+    strategy.barrier()
+    return str(path)

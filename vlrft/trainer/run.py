@@ -17,7 +17,7 @@ from reward_models.pool import RewardPool
 from reward_models.scalar import HEAD_CONFIG, ScalarRewardModel
 from vlrft.config import ConfigError, save_config
 from vlrft.models.loading import load_model
-from vlrft.models.tiny import make_tiny_model
+from vlrft.models.tiny import initial_model_path
 from vlrft.run_folder import owned_run
 from vlrft.strategies import make_strategy, seed_everything
 from vlrft.tracking import Tracker
@@ -104,18 +104,7 @@ def _train_policy(cfg: PolicyTrainConfig, strategy: Any, out: Path) -> dict[str,
     if strategy.is_rank0:
         out.mkdir(parents=True, exist_ok=True)
         save_config(cfg, out)
-    path = cfg.model.path
-    if not path:
-        path = str(out / "initial-model")
-        if strategy.is_rank0 and not (out / "initial-model" / "config.json").is_file():
-            make_tiny_model(
-                path,
-                arch=cfg.model.tiny_arch,
-                hidden=cfg.model.tiny_hidden,
-                layers=cfg.model.tiny_layers,
-                seed=cfg.strategy.seed,
-            )
-        strategy.barrier()
+    path = initial_model_path(cfg.model, out, strategy, cfg.strategy.seed)
     model, processor = load_model(path, cfg.model.dtype)
     ref_model = None
     if cfg.algorithm.kl_coef > 0:

@@ -41,7 +41,7 @@ from vlrft import supervised
 from vlrft.algorithms import logprobs_from_logits, preference_loss, rpo_loss, sft_loss, shifted_targets
 from vlrft.config import ConfigError
 from vlrft.models.loading import load_model
-from vlrft.models.tiny import make_tiny_model
+from vlrft.models.tiny import initial_model_path
 from vlrft.rollout import make_engine
 from vlrft.run_folder import owned_run
 from vlrft.strategies import make_strategy, seed_everything
@@ -324,18 +324,7 @@ def _owned(cfg: Any, run: Callable[[Any, Any], dict[str, Any]]) -> dict[str, Any
 def _setup(cfg: Any, strategy: Any) -> tuple[Any, Path, str]:
     out = Path(cfg.train.output_dir)
     seed_everything(cfg.strategy.seed)
-    path = cfg.model.path
-    if not path:  # a tiny random model (same seed, same bytes on every rank)
-        path = str(out / "initial-model")
-        if strategy.is_rank0 and not (out / "initial-model" / "config.json").is_file():
-            make_tiny_model(
-                path,
-                arch=cfg.model.tiny_arch,
-                hidden=cfg.model.tiny_hidden,
-                layers=cfg.model.tiny_layers,
-                seed=cfg.strategy.seed,
-            )
-        strategy.barrier()
+    path = initial_model_path(cfg.model, out, strategy, cfg.strategy.seed)
     return strategy, out, path
 
 
