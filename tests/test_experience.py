@@ -47,3 +47,38 @@ def test_response_logprobs_match_direct_computation(tiny_model):
     with torch.no_grad():
         again, _ = response_logprobs(model, sub, sub["response_ids"], temperature=temperature)
     assert torch.allclose(again[0, :2], got[2, :2], atol=1e-5) and torch.allclose(again[1, :1], got[1, :1], atol=1e-5)
+
+
+def test_suppressed_tokens_give_the_log_probs_of_the_sampling_distribution(tiny_model):
+    """The engines never sample vision placeholders; with ``suppress`` the trainer's log-probs and entropy
+    are those of the distribution with those tokens removed and the rest renormalised (float64 reference),
+    and no gradient reaches the suppressed logits."""
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    import vlrft.models  # noqa: F401
+    from vlrft.rollout.base import vision_token_ids
+
+    path = tiny_model("qwen2_5_vl")
+    model, proc = AutoModelForImageTextToText.from_pretrained(path).eval(), AutoProcessor.from_pretrained(path)
+    banned = torch.tensor(vision_token_ids(proc.tokenizer))
+    assert banned.numel() == 5
+    prompts = [encode_prompt(proc, PromptRecord(id="a", prompt="<image> colour?", images=[Image.new("RGB", (56, 56))]))]
+    responses = [torch.tensor([11, 12, 13])]
+    batch = collate_sequences(prompts, [0], responses, proc.tokenizer.pad_token_id)
+    ids, _ = response_tensors(responses, proc.tokenizer.pad_token_id)
+    got, entropy = response_logprobs(model, batch, ids, temperature=0.7, with_entropy=True, suppress=banned)
+    plain, _ = response_logprobs(model, batch, ids, temperature=0.7)
+    with torch.no_grad():
+        logits = model(**model_inputs(batch)).logits.double() / 0.7
+    logits[..., banned] = -float("inf")
+    ref = logits.log_softmax(-1)
+    p = prompts[0].input_ids.numel()
+    for j, tok in enumerate(responses[0].tolist()):
+        row = ref[0, p + j - 1]
+        assert abs(got[0, j].item() - row[tok].item()) < 1e-5
+        finite = row[torch.isfinite(row)]
+        assert abs(entropy[0, j].item() + (finite.exp() * finite).sum().item()) < 1e-4
+    assert (got - plain).abs().max() > 1e-4  # the placeholders carried probability mass: the check can fail
+    got.sum().backward()
+    head = model.get_output_embeddings().weight.grad
+    assert head[banned].abs().max() == 0 and head.abs().max() > 0

@@ -44,23 +44,15 @@ def make_prompts(processor, kind: str, seed: int = 3) -> list:
 
 def trainer_logprobs(model, processor, prompts, rollouts, temperature: float, grad: bool = False, suppress=()):
     """The trainer's ``[N, R]`` log-probs of the rollouts (the policy loss's own function) and their mask.
-    ``suppress``: token ids the engine never samples (vision placeholders): with them, the log-probs of the
-    distribution the engine samples from (those tokens' logits at -inf, the rest renormalised)."""
+    ``suppress``: token ids the engine never samples (vision placeholders): with them (as the trainer passes
+    them), the log-probs of the distribution the engine samples from (those tokens at probability 0)."""
     pad = tokenizer_of(processor).pad_token_id
     responses = [x.response_ids for x in rollouts]
     batch = collate_sequences(prompts, [x.prompt_index for x in rollouts], responses, pad)
     ids, mask = response_tensors(responses, pad)
-    handle = None
-    if suppress:
-        banned = torch.tensor(sorted(suppress))
-        head = model.get_output_embeddings()
-        handle = head.register_forward_hook(lambda m, i, out: out.index_fill(-1, banned.to(out.device), -float("inf")))
-    try:
-        with torch.set_grad_enabled(grad):
-            logp, _ = response_logprobs(model, batch, ids, temperature=temperature)
-    finally:
-        if handle is not None:
-            handle.remove()
+    banned = torch.tensor(sorted(suppress), dtype=torch.long)
+    with torch.set_grad_enabled(grad):
+        logp, _ = response_logprobs(model, batch, ids, temperature=temperature, suppress=banned)
     return logp, mask
 
 

@@ -10,6 +10,18 @@ import torch
 
 from data_pipelines.collate import EncodedPrompt
 
+# Vision placeholder tokens: a sampled one would make the next forward expect image features for it, so
+# every engine gives them probability 0 (TRL does the same), and the trainer computes the log-probs of that
+# same distribution (vlrft.trainer.experience.response_logprobs, ``suppress``): the policy that is trained
+# is the policy that samples.
+VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>")
+
+
+def vision_token_ids(tokenizer) -> list[int]:
+    """The ids of :data:`VISION_TOKENS` in ``tokenizer``'s vocabulary (none for a plain text vocabulary)."""
+    vocab = tokenizer.get_vocab()
+    return [vocab[t] for t in VISION_TOKENS if t in vocab]
+
 
 @dataclass
 class SamplingParams:

@@ -17,9 +17,7 @@ from typing import Iterable
 import torch
 
 from data_pipelines.collate import EncodedPrompt, collate_prompts, tokenizer_of
-from vlrft.rollout.base import Rollout, SamplingParams
-
-_VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>")
+from vlrft.rollout.base import Rollout, SamplingParams, vision_token_ids
 
 
 class HFRolloutEngine:
@@ -39,8 +37,7 @@ class HFRolloutEngine:
         self.pad_id = self.tokenizer.pad_token_id
         self.prefill_once = not synced
         # a response must never contain vision placeholders (the model would expect image features for them)
-        vocab = self.tokenizer.get_vocab()
-        self.suppress = [vocab[t] for t in _VISION_TOKENS if t in vocab]
+        self.suppress = vision_token_ids(self.tokenizer)
         self.merge_area = getattr(getattr(processor, "image_processor", None), "merge_size", 2) ** 2
 
     def update_weights(self, named_params: Iterable[tuple[str, torch.Tensor]]) -> None:

@@ -26,12 +26,11 @@ import torch
 from data_pipelines.collate import EncodedPrompt, tokenizer_of
 from vlrft.config import ConfigError, option
 from vlrft.models.processing import IMAGE_ONLY_PROCESSORS, torchvision_available
-from vlrft.rollout.base import Rollout, SamplingParams
+from vlrft.rollout.base import Rollout, SamplingParams, vision_token_ids
 
 log = logging.getLogger(__name__)
 
 # a response must never contain these (the next forward would expect image features for them)
-VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>")
 IMAGE_PAD = "<|image_pad|>"
 
 
@@ -114,7 +113,7 @@ class VLLMRolloutEngine:
             _image_only_processors()
         vocab = self.tokenizer.get_vocab()
         self.image_pad_id = vocab.get(IMAGE_PAD)
-        self.suppress = {vocab[t] for t in VISION_TOKENS if t in vocab}
+        self.suppress = set(vision_token_ids(self.tokenizer))
         self.sleep_mode = on_gpu and cfg.sleep_level > 0
         self.asleep = False
         self._said_no_sleep = False

@@ -135,6 +135,11 @@ class Experience:
         return out
 
 
+# finite (an -inf logit would make the entropy's p * x NaN) and representable in fp16/bf16; exp(-1e4 - max)
+# is 0 in float32, so the token has probability 0 and gets no gradient
+SUPPRESSED_LOGIT = -1.0e4
+
+
 def response_logprobs(
     model: torch.nn.Module,
     batch: dict[str, torch.Tensor],
@@ -144,10 +149,14 @@ def response_logprobs(
     with_entropy: bool = False,
     device: torch.device | None = None,
     shared: bool = False,
+    suppress: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs ``[N, R]`` of ``response_ids`` under ``model`` (temperature as in sampling), and the
     token entropy ``[N, R]`` when asked. Positions past a response's end hold junk: mask them. ``shared``
-    (with the batch's ``prompt_index``): each prompt computed once per group (vlrft.models.group_forward)."""
+    (with the batch's ``prompt_index``): each prompt computed once per group (vlrft.models.group_forward).
+    ``suppress``: token ids the engines never sample (``vlrft.rollout.base.vision_token_ids``); their logits
+    are set to :data:`SUPPRESSED_LOGIT` so these are the log-probs (and entropy) of the distribution the
+    engine sampled from, not of one that keeps mass on tokens no rollout can contain."""
     device = device or next(model.parameters()).device
     r = response_ids.shape[1]
     if shared and shared_forward_applies(model, batch):
@@ -161,6 +170,8 @@ def response_logprobs(
         pos = (prompt_len - 1 - start)[:, None] + torch.arange(r, device=device)[None]  # [N, R]
         pos = pos.clamp(max=logits.shape[1] - 1)
         picked = logits.gather(1, pos[..., None].expand(-1, -1, logits.shape[-1]))  # [N, R, V]
+    if suppress is not None and suppress.numel():
+        picked = picked.index_fill(-1, suppress.to(device), SUPPRESSED_LOGIT)
     logp = logprobs_from_logits(picked, response_ids.to(device), temperature=temperature)
     entropy = entropy_from_logits(picked, temperature=temperature) if with_entropy else None
     return logp, entropy
@@ -193,16 +204,16 @@ def infer_response_logprobs(
     micro_batch_size: int,
     temperature: float = 1.0,
     shared: bool = False,
+    suppress: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """:func:`response_logprobs` of every sample of ``batch`` (old or reference log-probs), without gradient
     in eval mode, ``micro_batch_size`` at a time; ``[N, R]`` float32 on CPU, zeros past each response."""
-    return _infer(
-        model,
-        batch,
-        response_ids,
-        micro_batch_size,
-        lambda part: response_logprobs(model, part, part["response_ids"], temperature=temperature, shared=shared)[0],
-    )
+
+    def part_logprobs(part: dict[str, torch.Tensor]) -> torch.Tensor:
+        ids = part["response_ids"]
+        return response_logprobs(model, part, ids, temperature=temperature, shared=shared, suppress=suppress)[0]
+
+    return _infer(model, batch, response_ids, micro_batch_size, part_logprobs)
 
 
 @torch.no_grad()

@@ -38,6 +38,7 @@ from vlrft.algorithms import (
 from vlrft.algorithms.rollout_correction import rollout_correction
 from vlrft.nonfinite import NonFiniteGuard
 from vlrft.rollout import SamplingParams, make_engine, stack_rollout_logprobs
+from vlrft.rollout.base import vision_token_ids
 from vlrft.sampling import seeded_permutation
 from vlrft.strategies import Strategy
 from vlrft.tracking import append_jsonl
@@ -124,6 +125,8 @@ class PolicyTrainer:
         self._order_cache: tuple[int, list[int]] = (-1, [])  # (episode, its prompt order)
         self.history: list[dict[str, float]] = []
         self.out = Path(cfg.train.output_dir)
+        # the vision placeholders no engine samples: log-probs are those of the sampling distribution
+        self.suppress = torch.tensor(vision_token_ids(self.tokenizer), dtype=torch.long)
         self.shared = cfg.train.shared_prompt_forward  # each prompt once per group (models/group_forward.py)
 
     # ----------------------------------------------------------------------------- data order
@@ -278,7 +281,13 @@ class PolicyTrainer:
         mbs = self.cfg.train.micro_train_batch_size
         temperature = self._temperature()
         return infer_response_logprobs(
-            model, batch, response_ids, micro_batch_size=mbs, temperature=temperature, shared=self.shared
+            model,
+            batch,
+            response_ids,
+            micro_batch_size=mbs,
+            temperature=temperature,
+            shared=self.shared,
+            suppress=self.suppress,
         )
 
     def _temperature(self) -> float:
@@ -359,6 +368,7 @@ class PolicyTrainer:
             temperature=self._temperature(),
             with_entropy=True,
             shared=self.shared,
+            suppress=self.suppress,
         )
         dev = logp.device
         mask = mb["response_mask"].to(dev)
