@@ -465,9 +465,12 @@ class PolicyTrainer:
     def _reduce_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
         if not self.strategy.distributed:
             return metrics
-        keys = sorted(metrics)
-        vals = self.strategy.all_reduce(torch.tensor([metrics[k] for k in keys], dtype=torch.float64), "mean")
-        return dict(zip(keys, vals.tolist()))
+        # a rank may lack a metric undefined on its share (pool diagnostics when all its groups tie): reduce
+        # over the union of keys, each the mean over the ranks that have it (one collective shape everywhere)
+        keys = sorted(set().union(*self.strategy.all_gather_object(sorted(metrics))))
+        vals = torch.tensor([[metrics.get(k, 0.0), float(k in metrics)] for k in keys], dtype=torch.float64)
+        total = self.strategy.all_reduce(vals, "sum").tolist()
+        return {k: s / n for k, (s, n) in zip(keys, total) if n > 0}
 
     def _evaluate(self) -> dict[str, float]:
         result = self.evaluate_fn(self)
