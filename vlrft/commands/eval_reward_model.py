@@ -70,19 +70,16 @@ def run(args: argparse.Namespace) -> int:
             on_bad_record=args.on_bad_record,
             out_dir=args.out_dir,
         )
-        print(json.dumps(metrics, indent=2))
-        if args.out:
-            Path(args.out).write_text(json.dumps(metrics, indent=2) + "\n")
-        return 0
-    metrics = evaluate_reward_model(
-        args.model,
-        args.data,
-        batch_size=args.batch_size,
-        max_new_tokens=args.max_new_tokens,
-        judge_mode=args.judge_mode,
-        on_bad_record=args.on_bad_record,
-        synthetic_options={k: int(v) for k, v in (o.split("=", 1) for o in args.synthetic_option)},
-    )
+    else:
+        metrics = evaluate_reward_model(
+            args.model,
+            args.data,
+            batch_size=args.batch_size,
+            max_new_tokens=args.max_new_tokens,
+            judge_mode=args.judge_mode,
+            on_bad_record=args.on_bad_record,
+            synthetic_options={k: int(v) for k, v in (o.split("=", 1) for o in args.synthetic_option)},
+        )
     text = json.dumps(metrics, indent=2)
     print(text)
     if args.out:

@@ -321,11 +321,11 @@ def _owned(cfg: Any, run: Callable[[Any, Any], dict[str, Any]]) -> dict[str, Any
         return run(cfg, strategy)
 
 
-def _setup(cfg: Any, strategy: Any) -> tuple[Any, Path, str]:
+def _setup(cfg: Any, strategy: Any) -> tuple[Path, str]:
     out = Path(cfg.train.output_dir)
     seed_everything(cfg.strategy.seed)
     path = initial_model_path(cfg.model, out, strategy, cfg.strategy.seed)
-    return strategy, out, path
+    return out, path
 
 
 def _settings(cfg: Any, out: Path, desc: str) -> LoopSettings:
@@ -365,7 +365,7 @@ def train_sft(cfg: SFTTrainConfig) -> dict[str, Any]:
 
 
 def _train_sft(cfg: SFTTrainConfig, strategy: Any) -> dict[str, Any]:
-    strategy, out, path = _setup(cfg, strategy)
+    out, path = _setup(cfg, strategy)
     model, processor = load_model(path, cfg.model.dtype)
     train = sft_records(cfg, processor)
     if not train:
@@ -399,7 +399,7 @@ def train_dpo(cfg: DPOTrainConfig) -> dict[str, Any]:
 
 
 def _train_dpo(cfg: DPOTrainConfig, strategy: Any) -> dict[str, Any]:
-    strategy, out, path = _setup(cfg, strategy)
+    out, path = _setup(cfg, strategy)
     model, processor = load_model(path, cfg.model.dtype)
     d = cfg.data
     train = preference_pairs(d.train_source, d.synthetic_train_size, cfg.strategy.seed, cfg, processor)
