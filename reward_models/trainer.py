@@ -28,8 +28,8 @@ from vlrft import supervised
 from vlrft.models.loading import load_model
 from vlrft.models.tiny import make_tiny_model
 from vlrft.rollout import make_engine
-from vlrft.run_folder import owned_run
-from vlrft.strategies import make_strategy, seed_everything
+from vlrft.run_folder import training_run
+from vlrft.strategies import seed_everything
 from vlrft.supervised import LoopSettings
 
 
@@ -228,13 +228,8 @@ def train_reward_model(cfg: RewardModelTrainConfig, records: tuple[list, list] |
     ``records`` = (train, held-out) in memory replaces ``cfg.data`` (programmatic use).
     """
 
-    out = Path(cfg.train.output_dir)
-    strategy = make_strategy(cfg.strategy, cfg.optim)
-    t = cfg.train
-    with owned_run(
-        out, strategy, resume=t.resume, overwrite=t.overwrite, heartbeat_timeout_s=cfg.strategy.heartbeat_timeout_s
-    ):
-        return _train(cfg, strategy, out, records)
+    with training_run(cfg) as strategy:
+        return _train(cfg, strategy, Path(cfg.train.output_dir), records)
 
 
 def _train(cfg: RewardModelTrainConfig, strategy: Any, out: Path, records: tuple[list, list] | None) -> dict:

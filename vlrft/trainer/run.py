@@ -18,7 +18,7 @@ from reward_models.scalar import HEAD_CONFIG, ScalarRewardModel
 from vlrft.config import ConfigError, save_config
 from vlrft.models.loading import load_model
 from vlrft.models.tiny import initial_model_path
-from vlrft.run_folder import owned_run
+from vlrft.run_folder import training_run
 from vlrft.strategies import make_strategy, seed_everything
 from vlrft.tracking import Tracker
 from vlrft.trainer.config import SYNTHETIC_PREFIX, PolicyTrainConfig
@@ -90,13 +90,8 @@ def train_policy(cfg: PolicyTrainConfig) -> dict[str, Any]:
     """Run ``vlrft train-policy`` with a resolved config; returns the summary (also in summary.json)."""
 
     preflight_policy(cfg)  # config, model folder, data, output folder: before anything heavy loads
-    out = Path(cfg.train.output_dir)
-    strategy = make_strategy(cfg.strategy, cfg.optim)
-    t = cfg.train
-    with owned_run(
-        out, strategy, resume=t.resume, overwrite=t.overwrite, heartbeat_timeout_s=cfg.strategy.heartbeat_timeout_s
-    ):
-        return _train_policy(cfg, strategy, out)
+    with training_run(cfg) as strategy:
+        return _train_policy(cfg, strategy, Path(cfg.train.output_dir))
 
 
 def _train_policy(cfg: PolicyTrainConfig, strategy: Any, out: Path) -> dict[str, Any]:

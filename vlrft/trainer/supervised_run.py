@@ -43,8 +43,8 @@ from vlrft.config import ConfigError
 from vlrft.models.loading import load_model
 from vlrft.models.tiny import initial_model_path
 from vlrft.rollout import make_engine
-from vlrft.run_folder import owned_run
-from vlrft.strategies import make_strategy, seed_everything
+from vlrft.run_folder import training_run
+from vlrft.strategies import seed_everything
 from vlrft.supervised import LoopSettings
 from vlrft.trainer.config import SYNTHETIC_PREFIX
 from vlrft.trainer.supervised_config import DPOTrainConfig, SFTTrainConfig
@@ -309,15 +309,7 @@ def heldout_preferences(strategy: Any, task: DPOTask, pairs: list[PreferencePair
 # -- the runs -------------------------------------------------------------------------------------
 def _owned(cfg: Any, run: Callable[[Any, Any], dict[str, Any]]) -> dict[str, Any]:
     """``run(cfg, strategy)`` inside the owned run folder (lock, lineage, lost-rank watch)."""
-    strategy = make_strategy(cfg.strategy, cfg.optim)
-    t = cfg.train
-    with owned_run(
-        t.output_dir,
-        strategy,
-        resume=t.resume,
-        overwrite=t.overwrite,
-        heartbeat_timeout_s=cfg.strategy.heartbeat_timeout_s,
-    ):
+    with training_run(cfg) as strategy:
         return run(cfg, strategy)
 
 
