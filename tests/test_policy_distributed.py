@@ -88,6 +88,11 @@ def test_train_policy_runs_under_torchrun(tiny_model, tmp_path, strategy, stage)
     assert summary["steps"] == 2 and summary["eval_after"]["num_prompts"] == 6
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "reward/combined" in r] == [1, 2]
+    # the run's logs are written once (rank 0), not once per rank
+    order = [json.loads(x) for x in (tmp_path / "data_order.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in order] == [1, 2] and all(len(r["prompt_ids"]) == 4 for r in order)
+    samples = [json.loads(x)["step"] for x in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    assert sorted(set(samples)) == [1, 2] and len(samples) == 2 * 4  # train.log_samples=4 per step
     from transformers import AutoModelForImageTextToText
 
     model = AutoModelForImageTextToText.from_pretrained(tmp_path / "final")

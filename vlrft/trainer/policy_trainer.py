@@ -446,7 +446,10 @@ class PolicyTrainer:
                 self.tracker.log(metrics, self.step)
                 self.tracker.advance(metrics.get("reward/combined", 0.0), "reward")
                 self._log_samples(exp)
-                append_jsonl(self.out / "data_order.jsonl", {"step": self.step, "prompt_ids": self._step_prompt_ids})
+                if self.strategy.is_rank0:  # every rank draws the same global order: one line per step
+                    append_jsonl(
+                        self.out / "data_order.jsonl", {"step": self.step, "prompt_ids": self._step_prompt_ids}
+                    )
             if self.step < self.total_steps:  # the last step is evaluated and saved below
                 if self.evaluate_fn is not None and cfg.train.eval_every and self.step % cfg.train.eval_every == 0:
                     self._evaluate()
