@@ -7,8 +7,6 @@ rollout-correction metrics in metrics.jsonl. Needs vLLM (``bash scripts/test.sh 
 from __future__ import annotations
 
 import json
-import math
-
 import pytest
 
 pytest.importorskip(
@@ -21,6 +19,7 @@ from vlrft.trainer.config import PolicyTrainConfig  # noqa: E402
 from vlrft.trainer.run import train_policy  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(3600)]
+LOGPROB_DIFF_MAX = 1e-2  # set after the run below
 
 
 def test_grpo_through_vllm_learns_to_name_colours(tiny_model, tmp_path):
@@ -45,9 +44,8 @@ def test_grpo_through_vllm_learns_to_name_colours(tiny_model, tmp_path):
     keys = ("rollout/logprob_diff_mean", "rollout/logprob_diff_max", "rollout/is_weight_mean", "rollout/frac_masked")
     assert all(k in r for r in train for k in keys)
     diff = max(r["rollout/logprob_diff_max"] for r in train)
-    print(f"held-out accuracy {before} -> {after}; largest rollout/logprob_diff_max {diff:.2e}")
+    mean = max(r["rollout/logprob_diff_mean"] for r in train)
+    print(f"held-out accuracy {before} -> {after}; rollout/logprob_diff_max {diff:.2e}, _mean at most {mean:.2e}")
     assert before <= 0.3 and after >= 0.8, (before, after)
-    # the engine never samples the vision placeholders while the trainer's log-probs keep their mass (about
-    # 5/1024 per token at the start); one run (2026-11-23) learned 0.0 -> 1.0 but logged a largest
-    # per-step max of 1.98, not explained yet (see docs/train-policy.md), so only finiteness is asserted
-    assert math.isfinite(diff) and diff >= 0
+    # engine and trainer sample and score the same distribution (vision placeholders suppressed in both)
+    assert diff < LOGPROB_DIFF_MAX, diff
