@@ -7,6 +7,7 @@ rollout-correction metrics in metrics.jsonl. Needs vLLM (``bash scripts/test.sh 
 from __future__ import annotations
 
 import json
+
 import pytest
 
 pytest.importorskip(
