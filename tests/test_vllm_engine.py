@@ -60,6 +60,36 @@ def test_greedy_equals_hf_token_for_token(policy):
         assert sum(len(x) for x in ours) >= 4 * 8
 
 
+THREADS_PROBE = """
+import sys, torch
+from data_pipelines.collate import encode_prompt
+from data_pipelines.records import PromptRecord
+from vlrft.models.loading import load_model
+from vlrft.rollout import SamplingParams, VLLMRolloutEngine
+torch.set_num_threads(2)
+_, processor = load_model(sys.argv[1], "float32")
+engine = VLLMRolloutEngine(sys.argv[1], processor)
+prompt = encode_prompt(processor, PromptRecord(id="0", prompt="red green blue"))
+engine.generate([prompt], SamplingParams(n=2, temperature=1.0, max_new_tokens=4))
+after = torch.get_num_threads()
+torch.set_num_threads(1)
+print("THREADS", after, torch.get_num_threads())
+"""
+
+
+def test_the_colocated_engine_leaves_the_trainers_torch_threads_alone(tiny_model):
+    """On CPU the engine lives in the trainer's process; vLLM would cut it to one torch thread and make
+    torch.set_num_threads a no-op (the update and log-prob passes then ran on one core)."""
+    path = tiny_model("qwen2", **SIZES)
+    env = {k: v for k, v in _env().items() if k != "OMP_NUM_THREADS"}
+    res = subprocess.run(
+        [sys.executable, "-c", THREADS_PROBE, str(path)], capture_output=True, text=True, env=env, timeout=600
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    line = next(x for x in res.stdout.splitlines() if x.startswith("THREADS"))
+    assert line.split()[1:] == ["2", "1"], line  # kept at 2 through start-up and sampling, and settable
+
+
 def test_sampled_logprobs_equal_the_trainers(policy):
     arch, _, model, processor, engine = policy
     for kind in _kinds(arch):

@@ -107,6 +107,11 @@ class VLLMRolloutEngine:
                 )
             # in-process engine: the weight stream (tensors, an iterator) cannot cross to a worker process
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+            # vLLM cuts a serving process to one torch thread unless OMP_NUM_THREADS is set, and its CPU worker
+            # then makes torch.set_num_threads a no-op: here that process is the trainer's (update, old/ref
+            # log-probs). Keep the trainer's thread count, and give torch its own setter back below.
+            os.environ.setdefault("OMP_NUM_THREADS", str(torch.get_num_threads()))
+        threads, set_num_threads = torch.get_num_threads(), torch.set_num_threads
         vllm = _vllm_module()
         self._vllm = vllm
         if not torchvision_available():
@@ -144,6 +149,10 @@ class VLLMRolloutEngine:
         if distributed:  # the engine lives in each torchrun rank (TRL's and EasyR1's colocation)
             kwargs["distributed_executor_backend"] = "external_launcher"
         self.llm = vllm.LLM(**kwargs)
+        if not on_gpu:
+            torch.set_num_threads = set_num_threads
+            if torch.get_num_threads() != threads:
+                set_num_threads(threads)
         model_config = self.llm.model_config
         hf_config = model_config.hf_config
         text_cfg = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
