@@ -1,13 +1,17 @@
 """SFT as RL's cold start, measured: GRPO from a random tiny Qwen2.5-VL vs GRPO after `train-sft`.
 
-On a harder synthetic task (default count_shapes: how many circles, 1..5), three runs from the SAME random
+On a harder synthetic task (default: name the colour of ONE shape on a grey 56x56 image, 8 colours; the
+embedded train-policy demo colours the whole image, 4 colours), three runs from the SAME random
 initialisation, each a `vlrft` command in a subprocess, timed:
   A. train-policy from the random model;
   B. train-sft on a small set of demonstrations, then
   C. train-policy with model.path=<B's final model>, the same RL settings as A.
+The demonstrations, the RL prompts and the held-out prompts are drawn with the same task options
+(``--options``, replacing the embedded train-policy default's colour-task noise).
 Writes OUT/cold_start.json (held-out accuracy at every evaluation with the wall-clock time of each run)
 and prints a Markdown table for docs/benchmarks.md.
-Usage: python scripts/sft_cold_start.py [OUT] [--rl-steps 40] [--sft-steps 60] [--demos 128] [--task count_shapes]
+Usage: python scripts/sft_cold_start.py [OUT] [--task color] [--options '{mode: object, num_colors: 8, noise: 0}']
+    [--demos 128] [--sft-steps 60] [--rl-steps 100] [--samples 32] [--eval-every 20]
 """
 
 from __future__ import annotations
@@ -40,10 +44,17 @@ def evals(run: Path) -> list[tuple[int, float]]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("out", nargs="?", default="runs/sft_cold_start")
-    ap.add_argument("--task", default="count_shapes")
-    ap.add_argument("--rl-steps", type=int, default=40)
-    ap.add_argument("--sft-steps", type=int, default=60)
+    ap.add_argument("--task", default="color")
+    ap.add_argument(
+        "--options",
+        default="{mode: object, num_colors: 8, noise: 0}",
+        help="synthetic task options (YAML), the same for demonstrations, RL prompts and held-out prompts",
+    )
     ap.add_argument("--demos", type=int, default=128)
+    ap.add_argument("--sft-steps", type=int, default=60)
+    ap.add_argument("--rl-steps", type=int, default=100)
+    ap.add_argument("--samples", type=int, default=32, help="GRPO samples per prompt (8 prompts per step)")
+    ap.add_argument("--eval-every", type=int, default=20, help="RL steps between held-out evaluations")
     a = ap.parse_args()
     out = Path(a.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -53,23 +64,26 @@ def main() -> None:
         f"data.eval_source=synthetic:{a.task}",
         "data.synthetic_train_size=512",
         "data.synthetic_eval_size=64",
-        "data.synthetic_options={}",
+        f"data.synthetic_options={a.options}",
         "rollout.rollout_batch_size=8",
-        "rollout.n_samples_per_prompt=8",
+        f"rollout.n_samples_per_prompt={a.samples}",
         "rollout.max_new_tokens=4",
         "train.micro_train_batch_size=64",
         f"train.max_steps={a.rl_steps}",
-        f"train.eval_every={max(1, a.rl_steps // 4)}",
+        f"train.eval_every={a.eval_every}",
         *quiet,
     ]
     init = out / "random" / "initial-model"
-    result: dict = {"task": a.task, "rl_steps": a.rl_steps, "sft_steps": a.sft_steps, "demos": a.demos}
-    done = out / "random.json"  # the long baseline is reused when the script is run again
-    if done.is_file():
-        result["rl_from_random"] = json.loads(done.read_text())
+    result: dict = {"args": vars(a)}
+    done = out / "random.json"  # the baseline is reused when the script is run again with the same RL settings
+    cached = json.loads(done.read_text()) if done.is_file() else {}
+    if cached.get("rl") == rl:
+        result["rl_from_random"] = cached
     else:
-        t = vlrft(["train-policy", *rl, f"train.output_dir={out / 'random'}"], out / "random.log")
-        result["rl_from_random"] = {"seconds": t, "evals": evals(out / "random")}
+        t = vlrft(
+            ["train-policy", *rl, f"train.output_dir={out / 'random'}", "train.overwrite=true"], out / "random.log"
+        )
+        result["rl_from_random"] = {"rl": rl, "seconds": t, "evals": evals(out / "random")}
         done.write_text(json.dumps(result["rl_from_random"]) + "\n")
     print("RL from random:", result["rl_from_random"], flush=True)
     sft = [
@@ -78,7 +92,9 @@ def main() -> None:
         f"data.eval_source=synthetic:{a.task}",
         f"data.synthetic_train_size={a.demos}",
         "data.synthetic_eval_size=64",
+        f"data.synthetic_options={a.options}",
         f"train.max_steps={a.sft_steps}",
+        f"train.eval_every={max(1, a.sft_steps // 3)}",
         f"train.output_dir={out / 'sft'}",
         *quiet,
     ]
@@ -93,9 +109,9 @@ def main() -> None:
     )
     result["rl_after_sft"] = {"seconds": t, "evals": evals(out / "rl_after_sft")}
     (out / "cold_start.json").write_text(json.dumps(result, indent=2) + "\n")
-    print("| run | held-out accuracy at RL steps | wall-clock |\n|---|---|---|")
+    print("| run | held-out accuracy (at step) | wall-clock |\n|---|---|---|")
     for name, key in (("RL from random", "rl_from_random"), ("SFT (demos)", "sft"), ("RL after SFT", "rl_after_sft")):
-        curve = ", ".join(f"{s}: {acc:.2f}" for s, acc in result[key]["evals"])
+        curve = ", ".join(f"{acc:.2f} ({s})" for s, acc in result[key]["evals"])
         print(f"| {name} | {curve} | {result[key]['seconds']:.0f} s |")
 
 
