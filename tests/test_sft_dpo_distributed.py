@@ -86,16 +86,18 @@ def test_two_ranks_make_the_update_of_one_process(tiny_model, tmp_path, command,
 
 
 @pytest.mark.slow
-def test_sigkilled_sft_run_resumes_bitwise(tiny_model, tmp_path):
-    """Killed (SIGKILL) after its step-4 checkpoint, the run resumes to the same model as an uninterrupted one."""
+@pytest.mark.parametrize("command", ["train-sft", "train-dpo"])
+def test_sigkilled_run_resumes_bitwise(command, tiny_model, tmp_path):
+    """Killed (SIGKILL) after its step-4 checkpoint, the run resumes to the same model as an uninterrupted one
+    (DPO: its reference log-probs, data order and optimizer state come back too)."""
     model = tiny_model("qwen2_5_vl")
     common = ["train.save_every=2", "train.keep_last=2", "data.synthetic_train_size=12", "train.log_every=1"]
     ref = tmp_path / "ref"
-    _run("train-sft", _args(model, ref, 4, steps=8) + common, 1)
+    _run(command, _args(model, ref, 4, steps=8) + common, 1)
     run = tmp_path / "killed"
     args = _args(model, run, 4, steps=8) + common
     proc = subprocess.Popen(
-        _cmd("train-sft", args, 1),
+        _cmd(command, args, 1),
         env=_env(),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -108,7 +110,7 @@ def test_sigkilled_sft_run_resumes_bitwise(tiny_model, tmp_path):
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     assert ckpt.exists() and not (run / "final").exists(), "the run must be killed between step 4 and its end"
-    out = _run("train-sft", args, 1)
+    out = _run(command, args, 1)
     assert "resumed from" in out
     ref_state, got = (
         load_file(str(ref / "final" / "model.safetensors")),
