@@ -42,10 +42,14 @@ def single_update(tiny_model, tmp_path_factory):
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("strategy, stage", [("fsdp2", "2"), ("deepspeed", "2")])
-def test_two_ranks_equal_one_process(tiny_model, tmp_path, single_update, strategy, stage):
+@pytest.mark.parametrize(
+    "strategy, stage, forward", [("fsdp2", "2", "shared"), ("deepspeed", "2", "shared"), ("fsdp2", "2", "plain")]
+)
+def test_two_ranks_equal_one_process(tiny_model, tmp_path, single_update, strategy, stage, forward):
+    """Two ranks make the one-process update (group-shared forward); with the plain per-sample forward
+    (``train.shared_prompt_forward=false``) too."""
     out = tmp_path / f"{strategy}.pt"
-    _run([str(tiny_model("qwen2_5_vl")), str(out), strategy, stage], 2)
+    _run([str(tiny_model("qwen2_5_vl")), str(out), strategy, stage, forward], 2)
     got = torch.load(out)
     ref = single_update["state"]
     initial = __import__("safetensors.torch", fromlist=["load_file"]).load_file(

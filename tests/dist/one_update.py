@@ -3,7 +3,8 @@
 Run alone (single) or under ``torchrun --nproc_per_node=2`` (fsdp2, deepspeed). The samples are fixed
 (no generation): each rank builds the experience of its share of the prompts, advantages are computed
 on the global batch, losses are aggregated over the global token count.
-Usage: python one_update.py MODEL_DIR OUT_FILE STRATEGY [ZERO_STAGE]
+Usage: python one_update.py MODEL_DIR OUT_FILE STRATEGY [ZERO_STAGE [FORWARD]]
+FORWARD: shared (the default: each prompt computed once per group) or plain (train.shared_prompt_forward=false).
 """
 
 import sys
@@ -26,10 +27,12 @@ from vlrft.trainer.policy_trainer import PolicyTrainer
 def main() -> None:
     model_dir, out_file, name = sys.argv[1:4]
     stage = sys.argv[4] if len(sys.argv) > 4 else "2"
+    shared = (sys.argv[5] if len(sys.argv) > 5 else "shared") == "shared"
     cfg = load_config(PolicyTrainConfig, None, [
         f"strategy.name={name}", f"strategy.zero_stage={stage}", "optim.lr=1e-3", "strategy.grad_clip=0",
         "rollout.rollout_batch_size=4", "rollout.n_samples_per_prompt=4", "train.micro_train_batch_size=3",
         "train.max_steps=1", "algorithm.loss_agg_mode=token-mean", "train.output_dir=/tmp/unused",
+        f"train.shared_prompt_forward={str(shared).lower()}",
     ])
     strategy = make_strategy(cfg.strategy, cfg.optim)
     torch.manual_seed(0)
