@@ -1,4 +1,4 @@
-"""Judge RL: train-policy trains a pairwise judge on judgment records whose verdict is verifiable
+"""Judge RL: train-policy trains a pointwise judge on judgment records whose verdict is verifiable
 (data.record_kind=judgment, verifiers judge_verdict + judge_format, configs/policy/judge_rl.yaml)."""
 
 from __future__ import annotations
@@ -65,15 +65,11 @@ def test_train_policy_runs_on_judgment_records(tiny_model, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    reason="measured 2026-11-23: the format is learned (judge_format 0 -> 0.99) but held-out verdict accuracy "
-    "stays at 0.5 through step 150 (end of the run), with and without both orders in the rollout batch; the recipe "
-    "does not yet make the image-x-order XOR learnable by RL (docs/reward-models.md, Judge RL)",
-    strict=False,
-)
 def test_judge_rl_learns_verifiable_judgments(tiny_model, tmp_path):
-    """Learning proof: held-out pairwise judgment accuracy from chance (the random judge writes no verdict:
-    0) to >= 0.9, by RL alone."""
+    """Learning proof: held-out pointwise judgment accuracy (images never trained on) from chance or below
+    (the random judge writes no verdict: 0) to >= 0.9, by RL alone. Measured 2026-11-23 (2-core CPU, niced
+    beside other jobs), the recipe with eval_every 50: 0 -> 0.5 (step 50) -> 0.75 (100, 150, 200) -> 1.0
+    (250, 300), 272 s; this test (before and after only): 0.0 -> 1.0, 235 s."""
     summary = train_policy(_config(tmp_path, tiny_model("qwen2_5_vl"), "train.eval_every=0"))
     before, after = summary["eval_before"]["accuracy"], summary["eval_after"]["accuracy"]
     print(f"judge RL: held-out judgment accuracy {before:.3f} -> {after:.3f}")
