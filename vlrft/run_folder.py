@@ -146,26 +146,13 @@ def run_in_folder(out: str | Path, strategy: Any, *, resume: str, overwrite: boo
 
 
 @contextmanager
-def owned_run(out: str | Path, strategy: Any, *, resume: str, overwrite: bool, heartbeat_timeout_s: float):
-    """The folder owned (:func:`run_in_folder`) and the ranks watched (a lost rank stops the job naming it,
-    ``vlrft.liveness``) for the block it wraps. Yields the run id."""
-    with run_in_folder(out, strategy, resume=resume, overwrite=overwrite) as run:
-        with watch_ranks(Path(out) / ".liveness", strategy, heartbeat_timeout_s):
-            yield run
-
-
-@contextmanager
 def training_run(cfg: Any) -> Iterator[Any]:
-    """What every trainer wraps its whole run in: the strategy of ``cfg.strategy`` / ``cfg.optim``, and
-    ``cfg.train.output_dir`` owned for it (:func:`owned_run` with ``cfg.train.resume``, ``.overwrite`` and
+    """What every trainer wraps its whole run in: the strategy of ``cfg.strategy`` / ``cfg.optim``, the folder
+    ``cfg.train.output_dir`` owned for it (:func:`run_in_folder`, with ``cfg.train.resume`` and ``.overwrite``)
+    and the ranks watched (a lost rank stops the job naming it, ``vlrft.liveness``, after
     ``cfg.strategy.heartbeat_timeout_s``). Yields the strategy."""
     strategy = make_strategy(cfg.strategy, cfg.optim)
     t = cfg.train
-    with owned_run(
-        t.output_dir,
-        strategy,
-        resume=t.resume,
-        overwrite=t.overwrite,
-        heartbeat_timeout_s=cfg.strategy.heartbeat_timeout_s,
-    ):
-        yield strategy
+    with run_in_folder(t.output_dir, strategy, resume=t.resume, overwrite=t.overwrite):
+        with watch_ranks(Path(t.output_dir) / ".liveness", strategy, cfg.strategy.heartbeat_timeout_s):
+            yield strategy

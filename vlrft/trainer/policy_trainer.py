@@ -445,11 +445,7 @@ class PolicyTrainer:
             if self.tracker is not None:
                 self.tracker.log(metrics, self.step)
                 self.tracker.advance(metrics.get("reward/combined", 0.0), "reward")
-                self._log_samples(exp)
-                if self.strategy.is_rank0:  # every rank draws the same global order: one line per step
-                    append_jsonl(
-                        self.out / "data_order.jsonl", {"step": self.step, "prompt_ids": self._step_prompt_ids}
-                    )
+                self._log_step(exp)
             if self.step < self.total_steps:  # the last step is evaluated and saved below
                 if self.evaluate_fn is not None and cfg.train.eval_every and self.step % cfg.train.eval_every == 0:
                     self._evaluate()
@@ -481,10 +477,12 @@ class PolicyTrainer:
             self.tracker.log({f"eval/{k}": v for k, v in result.items()}, self.step)
         return result
 
-    def _log_samples(self, exp: Experience) -> None:
-        """The first ``train.log_samples`` trajectories of the step to ``samples.jsonl`` (rank 0)."""
-        if not self.strategy.is_rank0 or self.cfg.train.log_samples <= 0:
+    def _log_step(self, exp: Experience) -> None:
+        """Rank 0 (every rank draws the same global order): the step's prompt ids to ``data_order.jsonl`` and
+        its first ``train.log_samples`` trajectories to ``samples.jsonl``."""
+        if not self.strategy.is_rank0:
             return
+        append_jsonl(self.out / "data_order.jsonl", {"step": self.step, "prompt_ids": self._step_prompt_ids})
         for row in exp.sample_rows(self.cfg.train.log_samples):
             append_jsonl(self.out / "samples.jsonl", {"step": self.step, **row})
 

@@ -17,7 +17,7 @@ engine (both), held-out NLL on the demonstrations (SFT), implicit-reward prefere
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -307,12 +307,6 @@ def heldout_preferences(strategy: Any, task: DPOTask, pairs: list[PreferencePair
 
 
 # -- the runs -------------------------------------------------------------------------------------
-def _owned(cfg: Any, run: Callable[[Any, Any], dict[str, Any]]) -> dict[str, Any]:
-    """``run(cfg, strategy)`` inside the owned run folder (lock, lineage, lost-rank watch)."""
-    with training_run(cfg) as strategy:
-        return run(cfg, strategy)
-
-
 def _setup(cfg: Any, strategy: Any) -> tuple[Path, str]:
     out = Path(cfg.train.output_dir)
     seed_everything(cfg.strategy.seed)
@@ -353,7 +347,8 @@ def _report(strategy: Any, name: str, result: dict, out: Path) -> None:
 
 def train_sft(cfg: SFTTrainConfig) -> dict[str, Any]:
     """Run ``vlrft train-sft``; returns the loop's result (eval before/after, steps)."""
-    return _owned(cfg, _train_sft)
+    with training_run(cfg) as strategy:
+        return _train_sft(cfg, strategy)
 
 
 def _train_sft(cfg: SFTTrainConfig, strategy: Any) -> dict[str, Any]:
@@ -387,7 +382,8 @@ def _train_sft(cfg: SFTTrainConfig, strategy: Any) -> dict[str, Any]:
 
 def train_dpo(cfg: DPOTrainConfig) -> dict[str, Any]:
     """Run ``vlrft train-dpo``; returns the loop's result (eval before/after, steps)."""
-    return _owned(cfg, _train_dpo)
+    with training_run(cfg) as strategy:
+        return _train_dpo(cfg, strategy)
 
 
 def _train_dpo(cfg: DPOTrainConfig, strategy: Any) -> dict[str, Any]:
