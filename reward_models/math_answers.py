@@ -44,6 +44,23 @@ def last_boxed(text: str) -> str | None:
     return None
 
 
+def answer_region(text: str) -> tuple[str, bool]:
+    """``(region, tagged)``: where a verifier reads an answer. The last ``<answer>...</answer>`` span (a
+    ``\\boxed{}`` inside it is unwrapped), else the last ``\\boxed{}`` (``tagged`` True); else the text after
+    the last ``</think>``, else the whole response (``tagged`` False). Stripped."""
+    low = text.lower()
+    end = low.rfind("</answer>")
+    start = low.rfind("<answer>", 0, end) if end >= 0 else -1
+    if start >= 0:  # two reverse scans: linear time on any text
+        inner = text[start + len("<answer>") : end]
+        boxed = last_boxed(inner)
+        return (boxed if boxed is not None else inner).strip(), True
+    boxed = last_boxed(text)
+    if boxed is not None:
+        return boxed, True
+    return text.rsplit("</think>", 1)[-1].strip(), False
+
+
 def strip_latex_noise(s: str) -> str:
     """Remove spacing commands, ``\\left``/``\\right``, ``\\text{...}`` wrappers and ``\\$`` / ``$``."""
     for tok in _LATEX_NOISE:
@@ -114,24 +131,32 @@ _LETTER_PATTERNS = (
 )
 
 
-def choice_letter(text: str, letters: str, choices: list[str] | None = None) -> str | None:
-    """The chosen letter among ``letters``: the last ``\\boxed{}`` (a letter, ``(C)``, ``C.``, ``\\text{C}``,
-    or a choice's text when ``choices`` are given), else the last "answer is X" / "(X)"; None if absent.
-    """
-    boxed = last_boxed(text)
-    if boxed is not None:
-        core = normalize_text(boxed).upper()
-        if len(core) == 1 and core in letters:
-            return core
-        if choices:
-            key = normalize_latex(boxed)
-            for letter, choice in zip(letters, choices):
-                if normalize_latex(choice) == key:
-                    return letter
-        return None
+def _letter_of(span: str, letters: str, choices: list[str] | None) -> str | None:
+    core = normalize_text(span).upper()
+    if len(core) == 1 and core in letters:
+        return core
+    if choices:
+        key = normalize_latex(span)
+        for letter, choice in zip(letters, choices):
+            if normalize_latex(choice) == key:
+                return letter
+    return None
+
+
+def choice_letter(text: str, letters: str, choices: list[str] | None = None, lenient: bool = True) -> str | None:
+    """The chosen letter among ``letters``: the last ``\\boxed{}`` or ``<answer>`` span (a letter, ``(C)``,
+    ``C.``, ``\\text{C}``, or a choice's text when ``choices`` are given), else the whole text when it is
+    such a letter, else the last "answer is X" / "(X)" in the tail; None if absent. Strict
+    (``lenient=False``): the tail must name one letter only (``(A) (B) (C) (D)`` names none)."""
+    span, tagged = answer_region(text)
+    if tagged:
+        return _letter_of(span, letters, choices)
+    whole = _letter_of(span, letters, choices) if len(span) <= 64 else None
+    if whole is not None:
+        return whole
     tail = text[-LETTER_WINDOW:]
     for pattern in _LETTER_PATTERNS:
         found = [m.group(1) for m in re.finditer(pattern, tail) if m.group(1) in letters]
         if found:
-            return found[-1]
+            return found[-1] if lenient or len(set(found)) == 1 else None
     return None

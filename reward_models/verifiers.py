@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from reward_models.judgments import read_verdict
 from reward_models.math_answers import (
     after_last_hashes,
+    answer_region,
     choice_letter,
     last_boxed,
     last_number,
@@ -68,6 +69,21 @@ class Verifier:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r}, timeout_s={self.timeout_s})"
+
+
+class LenientOption(Verifier):
+    """A verifier with a strict default reading and a lenient one chosen by ``lenient=True``
+    (``verifier_options: {lenient: true}``): lenient readings find an answer among other words, which a
+    policy learns to exploit (issue #25: junk naming every answer scored 0.7), so they are opt-in."""
+
+    def __init__(self, lenient: bool = False, **kw):
+        super().__init__(**kw)
+        if not isinstance(lenient, bool):
+            raise TypeError(f"lenient must be true or false, got {lenient!r}")
+        self.lenient = lenient
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r}, lenient={self.lenient}, timeout_s={self.timeout_s})"
 
 
 def _need_answer(name: str, answer: str | None) -> str:
@@ -149,10 +165,12 @@ class MathBoxedVerifier(Verifier):
         return number_key(extracted) or normalize_latex(extracted)
 
 
-class MultipleChoiceVerifier(Verifier):
-    """A choice letter (default A-D; ``metadata['choices']`` sets how many): the last ``\\boxed{}`` (a
-    letter, or a choice's text), else the last "answer is X" / "(X)". The reference is a letter, or a
-    choice's text when ``choices`` are given."""
+class MultipleChoiceVerifier(LenientOption):
+    """A choice letter (default A-D; ``metadata['choices']`` sets how many): the last ``<answer>`` or
+    ``\\boxed{}`` span (a letter, or a choice's text), else the whole response when it is one, else the last
+    "answer is X" / "(X)" in the tail. Strict (default): a tail that names several letters gives no answer;
+    ``lenient=True``: the last one named. The reference is a letter, or a choice's text when ``choices``
+    are given. ``format_ok``: the answer came in a tagged span."""
 
     name = "multiple_choice"
 
@@ -166,9 +184,9 @@ class MultipleChoiceVerifier(Verifier):
             gold_letter = letters[keys.index(normalize_latex(gold))] if normalize_latex(gold) in keys else ""
         if len(gold_letter) != 1 or gold_letter not in letters:
             raise ValueError(f"verifier {self.name!r}: reference answer {gold!r} is not one of the letters {letters}")
-        extracted = choice_letter(response, letters, choices)
+        extracted = choice_letter(response, letters, choices, lenient=self.lenient)
         correct = extracted == gold_letter
-        return VerifierResult(float(correct), extracted, correct, last_boxed(response) is not None)
+        return VerifierResult(float(correct), extracted, correct, answer_region(response)[1])
 
 
 class FormatVerifier(Verifier):
@@ -222,76 +240,91 @@ class LengthPenaltyVerifier(Verifier):
 
 class ExactMatchVerifier(Verifier):
     """Normalised string equality (lower case, punctuation and extra whitespace removed) between the
-    reference and the last ``\\boxed{}``, else the text after ``</think>``, else the whole response."""
+    reference and the answer region (:func:`~reward_models.math_answers.answer_region`: the last
+    ``<answer>`` span, else the last ``\\boxed{}``, else the text after ``</think>``, else the whole response).
+    The whole region must equal the reference: a right word among others is not an answer."""
 
     name = "exact_match"
 
     def check(self, response, answer, **metadata):
         gold = normalize_text(_need_answer(self.name, answer))
-        boxed = last_boxed(response)
-        format_ok = boxed is not None
-        if boxed is None:
-            boxed = response.rsplit("</think>", 1)[-1]
-        extracted = boxed.strip()
+        extracted, tagged = answer_region(response)
         correct = bool(gold) and normalize_text(extracted) == gold
-        return VerifierResult(float(correct), extracted or None, correct, format_ok)
+        return VerifierResult(float(correct), extracted or None, correct, tagged)
 
 
-class VocabAnswerVerifier(Verifier):
-    """Closed-vocabulary answers (synthetic tasks: colours, shapes, counts): the first word of the
-    answer region (the last ``\\boxed{}``, else the text after ``</think>``, else the whole response)
-    that belongs to the record's ``vocabulary`` metadata, compared with the reference after
-    :func:`normalize_text`. Without a ``vocabulary``, the first word is compared. ``format_ok``: the
-    answer region is exactly that word."""
+class VocabAnswerVerifier(LenientOption):
+    """Closed-vocabulary answers (synthetic tasks: colours, shapes, counts, yes/no). Strict (default): the
+    answer region (as ``exact_match``) must be exactly one word of the record's ``vocabulary`` metadata
+    (without a ``vocabulary``: exactly one word), compared with the reference after :func:`normalize_text`;
+    ``"the colour is red"`` or ``"red red blue"`` give no answer. ``lenient=True``: the first vocabulary
+    word anywhere in the region. ``format_ok``: the region is exactly one vocabulary word (both readings)."""
 
     name = "vocab_answer"
 
-    def check(self, response, answer, vocabulary=None, **metadata):
-        gold = normalize_text(_need_answer(self.name, answer))
-        boxed = last_boxed(response)
-        region = normalize_text(boxed if boxed is not None else response.rsplit("</think>", 1)[-1])
+    def read(self, response: str, vocabulary) -> tuple[str | None, bool]:
+        """``(answer word or None, format_ok)``."""
+        region = normalize_text(answer_region(response)[0])
         words = region.split()
         vocab = {normalize_text(str(v)) for v in vocabulary} if vocabulary else None
-        extracted = next((w for w in words if vocab is None or w in vocab), None)
+        exact = len(words) == 1 and (vocab is None or words[0] in vocab)
+        if not self.lenient:
+            return (words[0] if exact else None), exact
+        return next((w for w in words if vocab is None or w in vocab), None), exact
+
+    def check(self, response, answer, vocabulary=None, **metadata):
+        gold = normalize_text(_need_answer(self.name, answer))
+        extracted, format_ok = self.read(response, vocabulary)
         correct = extracted is not None and extracted == gold
-        return VerifierResult(float(correct), extracted, correct, extracted is not None and region == extracted)
+        return VerifierResult(float(correct), extracted, correct, format_ok)
 
 
 class VocabFormatVerifier(VocabAnswerVerifier):
-    """Format reward of closed-vocabulary tasks: 1 when the answer region names any word of the
-    record's ``vocabulary`` (right or wrong), else 0 -- R1-style format credit for the answer shape."""
+    """Format reward of closed-vocabulary tasks, right or wrong: strict (default) 1 when the answer region
+    is exactly one word of the record's ``vocabulary``; ``lenient=True``: 1 when it names any (R1-style
+    format credit, which junk naming every word also earns)."""
 
     name = "vocab_format"
+    needs_answer = False
 
     def check(self, response, answer, vocabulary=None, **metadata):
-        res = super().check(response, answer, vocabulary=vocabulary, **metadata)
-        found = res.extracted is not None
-        return VerifierResult(float(found), res.extracted, found, res.format_ok)
+        extracted, format_ok = self.read(response, vocabulary)
+        found = extracted is not None
+        return VerifierResult(float(found), extracted, found, format_ok)
 
 
-class JudgeVerdictVerifier(Verifier):
+class JudgeVerdictVerifier(LenientOption):
     """Judge RL (``data.record_kind: judgment``): 1 when the judge's verdict equals the record's verdict
-    (its ``answer``: ``A``/``B``/``tie`` or ``yes``/``no``), read by
-    :func:`~reward_models.judgments.read_verdict` in the record's ``judge_mode``, tolerantly (the last
-    ``<answer>`` tag, else the first verdict word); ``format_ok`` when the verdict came in a tag."""
+    (its ``answer``: ``A``/``B``/``tie`` or ``yes``/``no``) in the record's ``judge_mode``. Strict (default):
+    the last ``<answer>`` tag, else the whole response when it is one verdict word (``" B "``); lenient: else
+    the first verdict word anywhere (:func:`~reward_models.judgments.read_verdict` ``tolerant``).
+    ``format_ok`` when the verdict came in a tag."""
 
     name = "judge_verdict"
+
+    def verdict(self, response: str, judge_mode: str) -> tuple[str | None, bool]:
+        got, tagged = read_verdict(response, judge_mode, tolerant=self.lenient)
+        whole = response.strip()
+        if got is None and not tagged and not self.lenient and len(whole) <= 16:  # a verdict word, alone
+            got = read_verdict(f"<answer>{whole}</answer>", judge_mode)[0]
+        return got, tagged
 
     def check(self, response, answer, judge_mode="pairwise", **metadata):
         gold, _ = read_verdict(f"<answer>{_need_answer(self.name, answer)}</answer>", judge_mode)
         if gold is None:
             raise ValueError(f"verifier {self.name!r}: reference {answer!r} is not a {judge_mode} verdict")
-        got, tagged = read_verdict(response, judge_mode, tolerant=True)
+        got, tagged = self.verdict(response, judge_mode)
         return VerifierResult(float(got == gold), got, got == gold, tagged)
 
 
 class JudgeFormatVerifier(JudgeVerdictVerifier):
-    """Format reward of judge RL: 1 when a verdict can be read (right or wrong; see ``judge_verdict``)."""
+    """Format reward of judge RL: 1 when a verdict can be read (right or wrong; read as ``judge_verdict``)."""
 
     name = "judge_format"
+    needs_answer = False
 
     def check(self, response, answer, judge_mode="pairwise", **metadata):
-        got, tagged = read_verdict(response, judge_mode, tolerant=True)
+        got, tagged = self.verdict(response, judge_mode)
         return VerifierResult(float(got is not None), got, got is not None, tagged)
 
 

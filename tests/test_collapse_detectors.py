@@ -1,6 +1,7 @@
 """Collapse detectors (issue 25, item 3) on hand-made batches: group outcomes, the spread of answers over
 distinct prompts, the alarm; and the monitor of train-policy, fed real responses through the real
-``vocab_answer`` verifier, raising its alarm on the junk collapse the issue describes and not on a healthy
+``vocab_answer`` verifier in its lenient reading (the one that paid the junk: the strict default gives it
+no answer and no reward), raising its alarm on the junk collapse the issue describes and not on a healthy
 batch (nor on an untrained policy that names nothing)."""
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ def _correct(groups, verifier):
 
 
 def test_the_monitor_raises_the_alarm_on_the_junk_collapse_once_and_never_on_healthy_batches():
-    verifier = get_verifier("vocab_answer")
+    verifier = get_verifier("vocab_answer", lenient=True)
     strategy = make_strategy(StrategyConfig())
     said: list[str] = []
     monitor = CollapseMonitor(verifier, share=0.8, steps=3, strategy=strategy, log=said.append)
@@ -114,7 +115,9 @@ def test_the_monitor_raises_the_alarm_on_the_junk_collapse_once_and_never_on_hea
 
 def test_answer_of_reads_what_the_verifier_extracts_or_the_response_itself():
     record = PromptRecord(id="r", prompt="?", answer="red", metadata={"vocabulary": COLORS})
-    assert answer_of(get_verifier("vocab_answer"), "It is  RED, clearly", record) == "red"
+    assert answer_of(get_verifier("vocab_answer", lenient=True), "It is  RED, clearly", record) == "red"
+    assert answer_of(get_verifier("vocab_answer"), "It is  RED, clearly", record) is None  # strict: no answer
+    assert answer_of(get_verifier("vocab_answer"), " Red.", record) == "red"
     assert answer_of(get_verifier("vocab_answer"), "no colour here", record) is None
 
     class Scorer:  # a verifier that only scores (a reward function's)

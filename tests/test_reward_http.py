@@ -145,8 +145,8 @@ def test_http_source_gives_the_rewards_of_the_same_source_in_process(kind, reque
     assert remote.failed == local.failed == {}
     assert remote.extras == {"errors": 0.0, "timeouts": 0.0}
     assert len(set(local.values.tolist())) > 1  # not a constant: the values say something
-    if kind == "verifier":  # 1 where the colour named is the answer ("it is blue I think" names blue)
-        assert remote.values.tolist() == [float(row.answer in r.split()) for row, r in zip(rows, responses)]
+    if kind == "verifier":  # strict: 1 where the response is the answer word ("it is blue I think" earns nothing)
+        assert remote.values.tolist() == [float(row.answer == r) for row, r in zip(rows, responses)]
     health = _health(server.url)
     assert {k: health[k] for k in ("name", "kind", "holds_model", "grades")} == {
         "name": server.name,

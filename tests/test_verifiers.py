@@ -123,8 +123,12 @@ LETTERS = [  # (response, gold, correct, extracted, metadata)
     ("Answer: C", "C", True, "C", {}),
     ("answer: (D)", "D", True, "D", {}),
     ("The answer is D.", "C", False, "D", {}),
-    ("I think (A) is wrong, (C) is right", "C", True, "C", {}),
-    ("(C) ... (A)", "C", False, "A", {}),
+    ("I think (A) is wrong, (C) is right", "C", False, None, {}),  # strict: two letters named, no answer
+    ("(C) ... (A)", "C", False, None, {}),
+    ("(A) (B) (C) (D)", "C", False, None, {}),  # every option: no answer
+    ("C", "C", True, "C", {}),  # the whole response is a letter
+    ("<answer>C</answer>", "C", True, "C", {}),
+    ("<answer>(B)</answer> \\boxed{C}", "C", False, "B", {}),  # the <answer> span is read first
     ("no letter here", "C", False, None, {}),
     ("", "C", False, None, {}),
     ("the answer is a number", "A", False, None, {}),
@@ -139,7 +143,8 @@ LETTERS = [  # (response, gold, correct, extracted, metadata)
     ("\\boxed{C} then \\boxed{A}", "C", False, "A", {}),
     ("\\boxed{AB}", "A", False, None, {}),
     ("<think>B or C</think> \\boxed{C}", "C", True, "C", {}),
-    ("(c)", "C", False, None, {}),
+    ("(c)", "C", True, "C", {}),  # the whole response, any case
+    ("see (c) below", "C", False, None, {}),  # unboxed letters in prose must be upper case
     ("\\boxed{D}", "d", True, "D", {}),
     ("\\boxed{A}", "(A)", True, "A", {}),
     ("\\boxed{ B }", "B", True, "B", {}),
@@ -307,8 +312,20 @@ def test_math_boxed_table():
     _check("math_boxed", MATH)
 
 
+LENIENT_LETTERS = {  # lenient=True reads the last letter named, where strict reads none
+    "I think (A) is wrong, (C) is right": ("C", True),
+    "(C) ... (A)": ("A", False),
+    "(A) (B) (C) (D)": ("D", False),
+}
+
+
 def test_multiple_choice_table():
     _check("multiple_choice", LETTERS)
+    lenient = [
+        (r, g, *LENIENT_LETTERS[r][::-1], *m) if r in LENIENT_LETTERS else (r, g, c, e, *m)
+        for r, g, c, e, *m in LETTERS
+    ]
+    _check("multiple_choice", lenient, lenient=True)
     with pytest.raises(ValueError, match="not one of the letters"):
         get_verifier("multiple_choice")("\\boxed{A}", "Z")
     with pytest.raises(ValueError, match="not one of the letters"):
@@ -463,3 +480,54 @@ def test_math_boxed_from_concurrent_threads_does_not_serialise_on_hostile_inputs
         t.join(30)
     assert [out[i][0] for i in range(4)] == [want for *_, want in jobs]
     assert time.monotonic() - t0 < 2.5  # four at once, not one after another behind the 1 s timeouts
+
+
+JUDGE = [  # (response, gold, judge_mode, strict verdict, lenient verdict)
+    ("<answer>A</answer>", "A", "pairwise", "A", "A"),
+    ("I compared them. <answer>B</answer>", "A", "pairwise", "B", "B"),
+    ("B", "B", "pairwise", "B", "B"),
+    ("  tie \n", "tie", "pairwise", "tie", "tie"),
+    ("A B tie", "A", "pairwise", None, "A"),  # every verdict named: strict reads none
+    ("a is better than b", "A", "pairwise", None, "A"),
+    ("<answer>A or B</answer>", "A", "pairwise", None, None),
+    (" yes", "yes", "pointwise", "yes", "yes"),
+    ("yes no", "yes", "pointwise", None, "yes"),
+    ("", "yes", "pointwise", None, None),
+]
+
+
+@pytest.mark.parametrize("response, gold, mode, strict, lenient", JUDGE)
+def test_judge_verdict_strict_and_lenient(response, gold, mode, strict, lenient):
+    for options, want in (({}, strict), ({"lenient": True}, lenient)):
+        r = get_verifier("judge_verdict", **options)(response, gold, judge_mode=mode)
+        assert (r.extracted, r.score) == (want, float(want == gold)), options
+        assert get_verifier("judge_format", **options)(response, None, judge_mode=mode).score == float(want is not None)
+
+
+def test_docs_strict_and_lenient_examples_hold():
+    """Every example row of docs/reward-models.md's strict/lenient table scores as the table says."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "reward-models.md").read_text()
+    table = text[text.index("| verifier | response | reference | strict | lenient |") :].split("\n\n")[0]
+    checked = 0
+    for line in table.splitlines()[2:]:
+        name, responses, refs, strict, lenient = [c.strip() for c in line.strip("|").split(" | ")]
+        name = name.strip("`")
+        responses = [r.replace("\\|", "|") for r in re.findall(r"`([^`]*)`", responses)]
+        refs = [r.strip() for r in refs.split(" / ")]
+        stricts, lenients = strict.split(" / "), lenient.split(" / ")
+        for i, response in enumerate(responses):
+            ref = refs[min(i, len(refs) - 1)]
+            meta = {"vocabulary": ["red", "green", "blue", "yellow"]}
+            if name.startswith("judge"):
+                meta = {"judge_mode": "pairwise" if ref in ("A", "B", "tie") else "pointwise"}
+            want = float(stricts[min(i, len(stricts) - 1)])
+            assert get_verifier(name)(response, ref, **meta).score == want, (name, response)
+            lenient_want = re.match(r"(?:`gsm8k_flexible`: )?([01])", lenients[min(i, len(lenients) - 1)])
+            if lenient_want and "no lenient" not in line:
+                other = get_verifier("gsm8k_flexible") if name == "gsm8k" else get_verifier(name, lenient=True)
+                assert other(response, ref, **meta).score == float(lenient_want.group(1)), (name, response, "lenient")
+            checked += 1
+    assert checked >= 25, checked

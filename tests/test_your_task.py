@@ -79,9 +79,7 @@ def test_your_task_learns_from_your_files_and_vlrft_eval_scores_it_with_your_rew
         str(EXAMPLE / "config.yaml"),
         f"data.train_source={data / 'train.jsonl'}",
         f"data.eval_source={data / 'heldout.jsonl'}",
-        "reward.sources=["
-        f"{{name: answer, kind: function, function: '{REWARD}:score'}}, "
-        f"{{name: named, kind: function, function: '{REWARD}:named', weight: 0.2}}]",
+        f"reward.sources=[{{name: answer, kind: function, function: '{REWARD}:score'}}]",
         f"train.output_dir={out}",
         *QUIET,
     ]

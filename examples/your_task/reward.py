@@ -12,30 +12,26 @@ from __future__ import annotations
 import re
 
 
-def first_answer_word(response: str, vocabulary: list[str]) -> str | None:
-    """The first word of the response that is one of the possible answers (case and punctuation ignored)."""
-    for word in re.findall(r"[a-z]+", response.lower()):
-        if word in vocabulary:
-            return word
-    return None
+def answer_word(response: str, vocabulary: list[str]) -> str | None:
+    """The answer, when the whole response is one of the possible answers (case and surrounding punctuation
+    ignored), else None. Strict on purpose: a reward that took the first answer word found anywhere would pay
+    junk that names every answer (``"red blue green yellow"``), and RL learns exactly that."""
+    words = re.findall(r"[a-z]+", response.lower())
+    bare = re.sub(r"[^a-z]", "", response.lower())
+    return words[0] if len(words) == 1 and bare == words[0] and words[0] in vocabulary else None
 
 
 def score(sample) -> dict:
-    """1 when the first answer word of the response is the right one; ``named``: whether it named any."""
-    said = first_answer_word(sample.response, sample.metadata["vocabulary"])
+    """1 when the response is the right answer; ``named``: whether it is one of the possible answers."""
+    said = answer_word(sample.response, sample.metadata["vocabulary"])
     return {"score": float(said == sample.answer), "named": float(said is not None)}
-
-
-def named(sample) -> float:
-    """Format credit: the response names one of the possible answers, right or wrong."""
-    return float(first_answer_word(sample.response, sample.metadata["vocabulary"]) is not None)
 
 
 def trl_score(prompts, completions, answer, vocabulary, **kwargs) -> list[float]:
     """``score`` as a TRL reward function: columns of the dataset arrive as keyword lists."""
-    return [float(first_answer_word(c, v) == a) for c, a, v in zip(completions, answer, vocabulary)]
+    return [float(answer_word(c, v) == a) for c, a, v in zip(completions, answer, vocabulary)]
 
 
 def compute_score(data_source, solution_str, ground_truth, extra_info=None) -> float:
     """``score`` as a verl reward function."""
-    return float(first_answer_word(solution_str, extra_info["vocabulary"]) == ground_truth)
+    return float(answer_word(solution_str, extra_info["vocabulary"]) == ground_truth)
