@@ -5,6 +5,9 @@ Tasks (``TASKS``), each with exact answers:
 - ``"color"``: name the colour of the image (``mode="solid"``) or of the one shape on it
   (``mode="object"``); ``num_colors`` 2..8 (default 4) or an explicit ``colors`` list, 56x56 images by
   default (4 image tokens).
+- ``"yes_no"``: "Is this image {color}?" of a solid-colour image (as ``"color"``), answered ``yes`` for
+  half the records and ``no`` for the other half (the colour asked is another of the palette), so one answer
+  for every image scores 0.5.
 - ``"shape"``: name the shape (circle, square, triangle, star, hexagon, cross, diamond, pentagon; the
   first ``num_shapes``).
 - ``"count_shapes"``: how many shapes of one kind; ``min_count``..``max_count``, ``distractors`` shapes
@@ -176,6 +179,50 @@ def _color(
     return out
 
 
+def _yes_no(
+    n: int,
+    rng: random.Random,
+    *,
+    num_colors: int = 4,
+    colors: list[str] | None = None,
+    image_size: int = 56,
+    noise: int = 0,
+    question: str = "Is this image {color}? Answer yes or no.",
+    paired: bool = False,
+) -> list[tuple]:
+    """A yes/no visual question: a solid-colour image and "Is this image {color}?", the colour asked being
+    the image's own for half the records (answer yes) and another colour of the palette for the other half
+    (no), so always answering one word scores 0.5. Image colours are balanced too. ``paired``: ``n // 2``
+    images, each asked its own colour then another one, side by side (train with ``data.group_size: 2``, so
+    an image's two questions share a rollout batch)."""
+    if "{color}" not in question:
+        raise ValueError(f"question must contain {{color}}, got {question!r}")
+    drawn = n // 2 if paired else n
+    palette = [
+        (im, name, meta)
+        for im, _, name, meta in _color(
+            drawn, rng, num_colors=num_colors, colors=colors, image_size=image_size, noise=noise
+        )
+    ]
+    if paired:
+        palette = [p for p in palette for _ in range(2)]
+        answers = ["yes", "no"] * drawn
+    else:
+        answers = _balanced(["yes", "no"], n, rng)
+    out = []
+    for (im, name, meta), answer in zip(palette, answers):
+        asked = name if answer == "yes" else rng.choice([c for c in meta["vocabulary"] if c != name])
+        out.append(
+            (
+                im,
+                question.format(color=asked),
+                answer,
+                {"vocabulary": ["yes", "no"], "color": name, "asked": asked, "rgb": meta["rgb"]},
+            )
+        )
+    return out
+
+
 def _shape(
     n: int,
     rng: random.Random,
@@ -320,7 +367,13 @@ def _triangle(angles: list[int], size: int, rng: random.Random) -> list[tuple[fl
     return [(ox + scale * (x - min(xs)), oy + scale * (y - min(ys))) for x, y in pts]
 
 
-TASKS = {"color": _color, "shape": _shape, "count_shapes": _count_shapes, "triangle_angle": _triangle_angle}
+TASKS = {
+    "color": _color,
+    "yes_no": _yes_no,
+    "shape": _shape,
+    "count_shapes": _count_shapes,
+    "triangle_angle": _triangle_angle,
+}
 
 
 SYNTHETIC_PREFIX = "synthetic:"

@@ -81,13 +81,13 @@ def test_policy_help_shows_the_embedded_demo_not_the_schema(capsys):
     text = _help("train-policy", capsys)
     shown = _shown_defaults(text)
     assert "the embedded vlrft/trainer/demo.yaml over the schema defaults" in text
-    assert shown["rollout.n_samples_per_prompt"] == (32, True)  # schema: 8
+    assert shown["rollout.n_samples_per_prompt"] == (64, True)  # schema: 8
     assert shown["rollout.rollout_batch_size"] == (8, True)  # schema: 16
     assert shown["optim.lr"] == (2e-3, True)  # schema: 1e-6
-    assert shown["train.max_steps"] == (150, True)
+    assert shown["train.max_steps"] == (200, True)
     assert shown["algorithm.entropy_coef"] == (0.01, True)
     assert shown["rollout.top_p"] == (1.0, False)  # not in demo.yaml: the schema's, unmarked
-    assert [s["name"] for s in shown["reward.sources"][0]] == ["accuracy", "format"]
+    assert [s["name"] for s in shown["reward.sources"][0]] == ["accuracy"]
 
 
 def test_print_config_prints_the_resolved_config_and_loads_nothing(tmp_path, capsys):
@@ -98,7 +98,7 @@ def test_print_config_prints_the_resolved_config_and_loads_nothing(tmp_path, cap
     assert printed["rollout"]["n_samples_per_prompt"] == 4  # the override
     assert printed["rollout"]["rollout_batch_size"] == 8 and printed["optim"]["lr"] == 2e-3  # the embedded demo
     assert printed["rollout"]["top_p"] == 1.0  # the schema's
-    assert [s["name"] for s in printed["reward"]["sources"]] == ["accuracy", "format"]
+    assert [s["name"] for s in printed["reward"]["sources"]] == ["accuracy"]
     assert not out.exists()  # no run folder, no model
 
     config = tmp_path / "sft.yaml"

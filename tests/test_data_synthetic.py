@@ -23,6 +23,8 @@ from reward_models.generative import parse_judgment
 TASK_OPTIONS = [
     ("color", {}),
     ("color", {"mode": "object", "noise": 8}),
+    ("yes_no", {"noise": 8}),
+    ("yes_no", {"num_colors": 2, "paired": True}),
     ("shape", {"num_shapes": 8, "rotate": True}),
     ("count_shapes", {"distractors": 3}),
     ("triangle_angle", {"angle_step": 1, "side_labels": True}),
@@ -62,6 +64,22 @@ def test_color_images_have_the_named_colour_and_labels_are_balanced():
     assert Counter(r.answer for r in two) == {"red": 3, "green": 3}
     with pytest.raises(ValueError, match="num_colors must be in 2..8"):
         make_prompt_records("color", 1, num_colors=9)
+
+
+def test_yes_no_answers_are_right_and_balanced_so_one_word_scores_half():
+    records = make_prompt_records("yes_no", 40, seed=0)
+    for rec in records:
+        asked = rec.prompt.removeprefix("Is this image ").removesuffix("? Answer yes or no.")
+        assert asked == rec.metadata["asked"] and (np.asarray(rec.images[0]) == COLORS[rec.metadata["color"]]).all()
+        assert rec.answer == ("yes" if asked == rec.metadata["color"] else "no")
+        assert rec.metadata["vocabulary"] == ["yes", "no"]
+    assert Counter(r.answer for r in records) == {"yes": 20, "no": 20}
+    assert Counter(r.metadata["color"] for r in records) == {"red": 10, "green": 10, "blue": 10, "yellow": 10}
+    paired = make_prompt_records("yes_no", 8, seed=0, num_colors=2, paired=True)
+    assert [r.answer for r in paired] == ["yes", "no"] * 4  # each image asked both questions, side by side
+    assert all(a.images[0] is b.images[0] for a, b in zip(paired[::2], paired[1::2]))
+    with pytest.raises(ValueError, match="question must contain"):
+        make_prompt_records("yes_no", 2, question="Is it?")
 
 
 def test_color_object_mode_shape_has_the_named_colour():

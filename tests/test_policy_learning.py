@@ -58,7 +58,9 @@ def _config(tmp_path: Path, model_dir: Path, *extra_files: Path, overrides: tupl
 
 def test_grpo_learns_to_name_colours_from_scratch(tiny_model, tmp_path):
     summary = train_policy(_config(tmp_path, tiny_model("qwen2_5_vl")))
-    _assert_learned(summary, tmp_path)
+    # a run may say one colour to most images for a while before it reads them (seeds 0-3 of the 1-token strict
+    # default: the alarm fired at steps 35-60 in one of them, then held-out 1.0 from step 100)
+    _assert_learned(summary, tmp_path, quiet_from=100)
 
 
 @pytest.mark.slow
@@ -66,7 +68,7 @@ def test_grpo_learns_to_name_colours_from_scratch(tiny_model, tmp_path):
     "recipe, overrides",
     [
         ("dapo", ("algorithm.overlong_buffer_len=0",)),
-        ("gspo", ("train.train_batch_size=128",)),
+        ("gspo", ("train.train_batch_size=256",)),
     ],
 )
 def test_recipe_learns_to_name_colours(recipe, overrides, tiny_model, tmp_path):
@@ -74,9 +76,9 @@ def test_recipe_learns_to_name_colours(recipe, overrides, tiny_model, tmp_path):
         tmp_path,
         tiny_model("qwen2_5_vl"),
         RECIPES / f"{recipe}.yaml",
-        overrides=("rollout.n_samples_per_prompt=32", "train.max_steps=200", *overrides),
+        overrides=("rollout.n_samples_per_prompt=64", "train.max_steps=200", *overrides),
     )
-    _assert_learned(train_policy(cfg), tmp_path)
+    _assert_learned(train_policy(cfg), tmp_path, quiet_from=100)
 
 
 @pytest.mark.slow
@@ -91,8 +93,9 @@ def test_distributed_strategy_learns(strategy, tiny_model, tmp_path):
         f"model.path={tiny_model('qwen2_5_vl')}",
         f"train.output_dir={tmp_path}",
         "train.eval_every=0",
-        # two ranks draw other samples than one process (the same updates for FSDP2 and ZeRO-2); measured
-        # with the demo's entropy bonus 0.01: held-out 0.75 at step 150, 1.0 at steps 200 and 250
+        # two ranks draw other samples than one process (the same updates for FSDP2 and ZeRO-2); 250 steps
+        # (the demo's 200 and a margin): with the earlier 8-token lenient demo, held-out 0.75 at step 150 and 1.0
+        # at steps 200 and 250; with the 1-token strict demo both strategies pass in 51 s (ZeRO-2) to 186 s
         "train.max_steps=250",
         f"strategy.name={strategy}",
         "strategy.zero_stage=2",
