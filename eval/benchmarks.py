@@ -18,8 +18,8 @@ from data_pipelines.readers import read_records
 from data_pipelines.records import PromptRecord
 from data_pipelines.sources import open_rows
 from reward_models.pool import user_verifier
-from reward_models.user_code import is_spec
 from reward_models.verifiers import VERIFIERS, Verifier
+from vlrft.user_code import is_spec
 
 Loader = Callable[[str | Path, str], list[PromptRecord]]
 

@@ -33,10 +33,10 @@ import torch
 from reward_models.function_worker import SIGNATURES, call, described, normal
 from reward_models.samples import Sample
 from reward_models.sources import RewardSource, Scores, source_kind
-from reward_models.user_code import check_signature, load_callable, where
 from reward_models.verifiers import Verifier, VerifierResult
-from reward_models.workers import WorkerPool
 from vlrft.config import ConfigError
+from vlrft.user_code import check_signature, load_callable, where
+from vlrft.workers import WorkerPool
 
 # what each signature is called with (positional count, keyword names), for the check before the run
 _CALLS = {

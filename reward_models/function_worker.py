@@ -1,5 +1,5 @@
 """Calling a user's reward function, in this process or in a worker process (``python -m
-reward_models.function_worker``, pooled by ``reward_models.workers``).
+reward_models.function_worker``, pooled by ``vlrft.workers``).
 
 :func:`call` is the one place that knows the signatures (``docs/your-task.md``):
 
@@ -20,15 +20,12 @@ its address space is capped at ``VLRFT_WORKER_MEMORY_MB`` (a function that alloc
 
 from __future__ import annotations
 
-import base64
 import math
-import os
-import pickle
-import sys
 import traceback
 from typing import Any, Callable
 
-from reward_models.user_code import load_callable, where
+from vlrft.user_code import load_callable, where
+from vlrft.workers import serve_pickled
 
 SIGNATURES = ("sample", "batch", "trl", "verl")
 
@@ -104,29 +101,15 @@ def described(exc: BaseException, fn: Callable[..., Any]) -> str:
     return f"{at}{type(exc).__name__}: {str(exc)[:300]}"
 
 
-def _serve() -> None:  # runs in the worker process
-    import resource
-
-    limit = int(os.environ.get("VLRFT_WORKER_MEMORY_MB", "0")) * 2**20
-    if limit > 0:
-        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-    out = sys.stdout.buffer
-    sys.stdout = sys.stderr  # a print in the user's function must not break the reply lines
-    out.write(b"ready\n")
-    out.flush()
-    for raw in sys.stdin.buffer:
-        fn = None
-        try:
-            req = pickle.loads(base64.b64decode(raw))
-            fn = load_callable(req["spec"], req["key"])
-            values = call(fn, req["signature"], req["samples"], req["kwargs"])
-            reply = {"ok": True, "values": [normal(v) for v in values]}
-            data = pickle.dumps(reply)
-        except BaseException as exc:  # noqa: BLE001 - any failure of the user's code is reported, located
-            data = pickle.dumps({"ok": False, "error": described(exc, fn)})
-        out.write(base64.b64encode(data) + b"\n")
-        out.flush()
+def _handle(req: dict[str, Any]) -> dict[str, Any]:  # runs in the worker process
+    fn = None
+    try:
+        fn = load_callable(req["spec"], req["key"])
+        values = call(fn, req["signature"], req["samples"], req["kwargs"])
+        return {"ok": True, "values": [normal(v) for v in values]}
+    except BaseException as exc:  # noqa: BLE001 - any failure of the user's code is reported, located
+        return {"ok": False, "error": described(exc, fn)}
 
 
 if __name__ == "__main__":
-    _serve()
+    serve_pickled(_handle)

@@ -20,7 +20,7 @@ import logging
 import math
 import sys
 
-from reward_models.workers import WorkerPool, WorkerStartError
+from vlrft.workers import WorkerPool, WorkerStartError
 
 MEMORY_LIMIT_BYTES = 2 * 1024**3
 _pool = WorkerPool("reward_models.math_worker")

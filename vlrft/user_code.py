@@ -1,4 +1,4 @@
-"""Code from the user's own files: reward functions, verifiers (and, later, tools) named by a spec.
+"""Code from the user's own files: reward functions, verifiers and tools named by a spec (one mechanism for all three).
 
 A spec is ``path/to/file.py:name`` (a file, relative to the current directory) or ``package.module:name``
 (importable). :func:`load_callable` imports it once per process and returns the callable;

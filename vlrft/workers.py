@@ -1,6 +1,6 @@
 """Worker processes with a hard time limit per request, for code that may hang, crash or eat memory
 (math-verify on hostile LaTeX: ``reward_models.math_worker``; user reward functions:
-``reward_models.function_worker``).
+``reward_models.function_worker``; user tools: ``vlrft.tools.worker``).
 
 A worker is ``python -m MODULE`` speaking one line per message over pipes: it prints ``ready`` once
 imported, then answers each request line with one reply line. :meth:`WorkerPool.call` takes an idle worker
@@ -11,13 +11,16 @@ on each other's hostile inputs. Workers exit when their stdin closes (the parent
 
 from __future__ import annotations
 
+import base64
 import os
+import pickle
 import select
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any, Callable
 
 STARTUP_TIMEOUT_S = 120.0  # importing on a busy 2-core machine can take a while; not hostile input
 _REPO_ROOT = str(Path(__file__).resolve().parents[1])
@@ -126,3 +129,22 @@ class WorkerPool:
             for w in self._idle:
                 w.kill()
             self._idle.clear()
+
+
+def serve_pickled(handle: Callable[[Any], Any]) -> None:
+    """The worker side of a pickled request/reply protocol (user reward functions and user tools): the address
+    space capped at ``VLRFT_WORKER_MEMORY_MB`` (0: no cap; an unbounded allocation gets a ``MemoryError``), stdout
+    kept for replies (a print of the user's code goes to stderr), ``ready``, then one base64 pickle per line each
+    way; ``handle`` turns a request into its reply and must not raise."""
+    import resource  # POSIX only, and only in the worker
+
+    limit = int(os.environ.get("VLRFT_WORKER_MEMORY_MB", "0")) * 2**20
+    if limit > 0:
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    out = sys.stdout.buffer
+    sys.stdout = sys.stderr
+    out.write(b"ready\n")
+    out.flush()
+    for raw in sys.stdin.buffer:
+        out.write(base64.b64encode(pickle.dumps(handle(pickle.loads(base64.b64decode(raw))))) + b"\n")
+        out.flush()
