@@ -27,14 +27,15 @@ from PIL import Image
 
 from data_pipelines.collate import EncodedPrompt, image_outputs, processor_image_kwargs, tokenizer_of, types_of
 from data_pipelines.errors import DataError
-from data_pipelines.formatting import build_messages, text_only_messages, user_content
+from data_pipelines.formatting import build_messages, user_content
 from data_pipelines.images import load_image
 from data_pipelines.readers import collect, required_text
 from data_pipelines.records import IMAGE_PLACEHOLDER, PreferencePair, PromptRecord
 from data_pipelines.sources import open_rows
+from data_pipelines.templates import render
 
 IGNORE_INDEX = -100
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "user", "assistant", "tool")
 
 
 @dataclass
@@ -134,16 +135,11 @@ def normalise_messages(messages: Any, images: list[Any], image_kwargs: dict[str,
     return out
 
 
-def _tokenize(processor: Any, messages: list[dict], add_generation_prompt: bool) -> dict[str, Any]:
-    if getattr(processor, "image_processor", None) is None:
-        messages = text_only_messages(messages)
-    return processor.apply_chat_template(
-        messages, add_generation_prompt=add_generation_prompt, tokenize=True, return_dict=True, return_tensors="pt"
-    )
-
-
-def encode_chat(processor: Any, record: ChatRecord, max_length: int | None = None) -> EncodedChat:
-    """Token ids, images and assistant-only ``labels`` of one conversation (see the module docstring).
+def encode_chat(
+    processor: Any, record: ChatRecord, max_length: int | None = None, tools: list[dict[str, Any]] | None = None
+) -> EncodedChat:
+    """Token ids, images and assistant-only ``labels`` of one conversation (see the module docstring); ``tools``:
+    the schemas listed in its system turn (tool trajectories: ``role: tool`` turns are context, like user turns).
 
     Raises :class:`~data_pipelines.errors.DataError` naming the record when the template's rendering of
     a prefix is not a prefix of the whole (a template that rewrites earlier turns), when the model is
@@ -155,7 +151,7 @@ def encode_chat(processor: Any, record: ChatRecord, max_length: int | None = Non
         raise DataError(f"{len(record.images)} image(s) but the model is text-only", field="messages").located(
             source=record.id
         )
-    enc = _tokenize(processor, record.messages, add_generation_prompt=False)
+    enc = render(processor, record.messages, tools=tools, add_generation_prompt=False, tokenize=True)
     ids = enc["input_ids"][0].long()
     if max_length is not None and ids.numel() > max_length:
         raise DataError(
@@ -167,7 +163,8 @@ def encode_chat(processor: Any, record: ChatRecord, max_length: int | None = Non
     for i, m in enumerate(record.messages):
         if m["role"] != "assistant":
             continue
-        prefix = _tokenize(processor, record.messages[:i], add_generation_prompt=True)["input_ids"][0]
+        prefix = render(processor, record.messages[:i], tools=tools, add_generation_prompt=True, tokenize=True)
+        prefix = prefix["input_ids"][0]
         start = prefix.numel()
         if start > ids.numel() or not torch.equal(ids[:start], prefix.long()):
             raise DataError(

@@ -24,8 +24,9 @@ from typing import Any
 
 import torch
 
-from data_pipelines.formatting import build_messages, text_only_messages
+from data_pipelines.formatting import build_messages
 from data_pipelines.images import image_bounds
+from data_pipelines.templates import render
 
 
 @dataclass
@@ -40,6 +41,8 @@ class EncodedPrompt:
     images: list[Any] = field(default_factory=list)
     # [L] int64, 1 on image tokens (the processor's own marks; None for a text-only tokenizer)
     mm_token_type_ids: torch.Tensor | None = None
+    # the chat messages rendered (images as PIL parts), where a multi-turn rollout continues the conversation
+    messages: list[dict[str, Any]] | None = None
 
     @property
     def num_images(self) -> int:
@@ -81,9 +84,11 @@ def encode_prompt(
     system_prompt: str | None = None,
     prompt_template: str | None = None,
     image_kwargs: dict[str, Any] | None = None,
+    tools: list[dict[str, Any]] | None = None,
 ) -> EncodedPrompt:
     """Chat-format and preprocess one prompt record (images included) for generation. Images are loaded
-    with ``image_kwargs`` (default: the processor's own bounds, :func:`processor_image_kwargs`)."""
+    with ``image_kwargs`` (default: the processor's own bounds, :func:`processor_image_kwargs`); ``tools``: the
+    schemas of the tools the policy may call, listed in the system turn (``data_pipelines.templates.render``)."""
     text_only = getattr(processor, "image_processor", None) is None
     if text_only and record.images:
         raise ValueError(f"record {record.id!r} has {len(record.images)} image(s) but the model is text-only")
@@ -93,18 +98,18 @@ def encode_prompt(
         record, system_prompt=system_prompt, prompt_template=prompt_template, image_kwargs=image_kwargs
     )
     images = [c["image"] for m in messages for c in m["content"] if c.get("type") == "image"]
-    if text_only:
-        messages = text_only_messages(messages)
-    enc = processor.apply_chat_template(
-        messages, add_generation_prompt=True, tokenize=True, return_dict=True, return_tensors="pt"
-    )
+    enc = render(processor, messages, tools=tools, add_generation_prompt=True, tokenize=True)
     return EncodedPrompt(
-        enc["input_ids"][0].long(), *image_outputs(enc), images=images, mm_token_type_ids=types_of(enc)
+        enc["input_ids"][0].long(),
+        *image_outputs(enc),
+        images=images,
+        mm_token_type_ids=types_of(enc),
+        messages=messages,
     )
 
 
-def _cat_images(prompts: list[EncodedPrompt]) -> dict[str, torch.Tensor]:
-    with_images = [p for p in prompts if p.pixel_values is not None]
+def _cat_images(pieces: list[EncodedPrompt]) -> dict[str, torch.Tensor]:
+    with_images = [p for p in pieces if p.pixel_values is not None]
     if not with_images:
         return {}
     return {
@@ -135,28 +140,31 @@ def collate_prompts(prompts: list[EncodedPrompt], pad_token_id: int) -> dict[str
 def collate_sequences(
     prompts: list[EncodedPrompt],
     prompt_index: list[int],
-    responses: list[torch.Tensor],
+    responses: list[torch.Tensor | EncodedPrompt],
     pad_token_id: int,
 ) -> dict[str, torch.Tensor]:
     """Right-padded training batch of prompt + response for samples ``i`` of prompt ``prompt_index[i]``.
 
-    Returns ``input_ids``, ``attention_mask``, ``action_mask`` (1 on response tokens, aligned with
-    ``input_ids``), ``prompt_index`` [N], ``prompt_lengths`` [N], ``response_lengths`` [N],
-    ``images_per_sample`` [N] and the
-    samples' images (``pixel_values``, ``image_grid_thw`` in sample order, with ``mm_token_type_ids``).
+    A response is its token ids, or an :class:`EncodedPrompt` when it holds images of its own (a multi-turn
+    trajectory whose tools returned images: its ids, their pixels and image marks). Returns ``input_ids``,
+    ``attention_mask``, ``action_mask`` (1 on response tokens, aligned with ``input_ids``), ``prompt_index`` [N],
+    ``prompt_lengths`` [N], ``response_lengths`` [N], ``images_per_sample`` [N] (prompt and response images),
+    ``response_images`` [N] and the samples' images (``pixel_values``, ``image_grid_thw`` in sample order: each
+    sample's prompt images then its response's), with ``mm_token_type_ids``.
     """
     if len(prompt_index) != len(responses):
         raise ValueError(f"{len(prompt_index)} prompt indices for {len(responses)} responses")
-    lengths = [prompts[j].input_ids.numel() + r.numel() for j, r in zip(prompt_index, responses)]
+    pieces = [r if isinstance(r, EncodedPrompt) else EncodedPrompt(r) for r in responses]
+    lengths = [prompts[j].input_ids.numel() + r.input_ids.numel() for j, r in zip(prompt_index, pieces)]
     width = max(lengths)
     n = len(responses)
     ids = torch.full((n, width), pad_token_id, dtype=torch.long)
     attn = torch.zeros((n, width), dtype=torch.long)
     action = torch.zeros((n, width), dtype=torch.long)
-    for i, (j, r) in enumerate(zip(prompt_index, responses)):
+    for i, (j, r) in enumerate(zip(prompt_index, pieces)):
         p = prompts[j].input_ids
         ids[i, : p.numel()] = p
-        ids[i, p.numel() : lengths[i]] = r
+        ids[i, p.numel() : lengths[i]] = r.input_ids
         attn[i, : lengths[i]] = 1
         action[i, p.numel() : lengths[i]] = 1
     out = {
@@ -165,15 +173,22 @@ def collate_sequences(
         "action_mask": action,
         "prompt_index": torch.tensor(prompt_index, dtype=torch.long),  # samples of one prompt share it
         "prompt_lengths": torch.tensor([prompts[j].input_ids.numel() for j in prompt_index]),
-        "response_lengths": torch.tensor([r.numel() for r in responses]),
-        "images_per_sample": torch.tensor([prompts[j].num_images for j in prompt_index]),
-        **_cat_images([prompts[j] for j in prompt_index]),
+        "response_lengths": torch.tensor([r.input_ids.numel() for r in pieces]),
+        "images_per_sample": torch.tensor([prompts[j].num_images + r.num_images for j, r in zip(prompt_index, pieces)]),
+        "response_images": torch.tensor([r.num_images for r in pieces]),
+        **_cat_images([x for j, r in zip(prompt_index, pieces) for x in (prompts[j], r)]),
     }
-    if any(prompts[j].mm_token_type_ids is not None for j in set(prompt_index)):
-        types = torch.zeros((n, width), dtype=torch.long)  # response tokens are text (0)
-        for i, j in enumerate(prompt_index):
+    marked = [prompts[j].mm_token_type_ids is not None for j in prompt_index] + [
+        r.mm_token_type_ids is not None for r in pieces
+    ]
+    if any(marked):
+        types = torch.zeros((n, width), dtype=torch.long)  # text tokens (0) unless marked
+        for i, (j, r) in enumerate(zip(prompt_index, pieces)):
+            k = prompts[j].input_ids.numel()
             if prompts[j].mm_token_type_ids is not None:
-                types[i, : prompts[j].input_ids.numel()] = prompts[j].mm_token_type_ids
+                types[i, :k] = prompts[j].mm_token_type_ids
+            if r.mm_token_type_ids is not None:
+                types[i, k : lengths[i]] = r.mm_token_type_ids
         out["mm_token_type_ids"] = types
     return out
 

@@ -76,6 +76,23 @@ def png_data_uri(image: Any) -> str:
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
 
 
+def qwen_size(
+    size: tuple[int, int],
+    *,
+    min_pixels: int = DEFAULT_MIN_PIXELS,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
+    factor: int = IMAGE_FACTOR,
+) -> tuple[int, int]:
+    """``(width, height)`` an image of ``size`` is resized to: transformers' ``smart_resize`` (sides multiples of
+    ``factor``, pixels within bounds), what the Qwen-VL processors do and what the model sees."""
+    width, height = size
+    try:
+        h, w = smart_resize(height, width, factor=factor, min_pixels=min_pixels, max_pixels=max_pixels)
+    except ValueError as exc:  # aspect ratio over 200
+        raise DataError(f"bad image shape {width}x{height}: {exc}", category="bad image size") from exc
+    return w, h
+
+
 def resize_for_qwen(
     im: Image.Image,
     *,
@@ -83,11 +100,8 @@ def resize_for_qwen(
     max_pixels: int = DEFAULT_MAX_PIXELS,
     factor: int = IMAGE_FACTOR,
 ) -> Image.Image:
-    """Resize to transformers' ``smart_resize`` size (sides multiples of ``factor``, pixels within bounds)."""
-    try:
-        h, w = smart_resize(im.height, im.width, factor=factor, min_pixels=min_pixels, max_pixels=max_pixels)
-    except ValueError as exc:  # aspect ratio over 200
-        raise DataError(f"bad image shape {im.width}x{im.height}: {exc}", category="bad image size") from exc
+    """Resize to :func:`qwen_size`."""
+    w, h = qwen_size(im.size, min_pixels=min_pixels, max_pixels=max_pixels, factor=factor)
     return im if (w, h) == im.size else im.resize((w, h), Image.Resampling.BICUBIC)
 
 

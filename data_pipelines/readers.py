@@ -349,17 +349,18 @@ def prompt_length(
     system_prompt: str | None = None,
     prompt_template: str | None = None,
     images: bool = True,
+    tools: list[dict[str, Any]] | None = None,
 ) -> int:
     """Tokens of the record's prompt as :func:`~data_pipelines.collate.encode_prompt` encodes it for
-    generation (chat template, generation prompt and image tokens included). With ``images=False`` its
-    images are left out (none is read): a lower bound, exact for a text-only record."""
+    generation (chat template, generation prompt, image tokens and the ``tools`` listed included). With
+    ``images=False`` its images are left out (none is read): a lower bound, exact for a text-only record."""
 
     if not images:
         record = replace(record, images=[], prompt=record.prompt.replace(IMAGE_PLACEHOLDER, ""))
     if record.images and getattr(processor_or_tokenizer, "image_processor", None) is None:
         raise ValueError("records with images need the model's processor (not its tokenizer) to count image tokens")
     encoded = encode_prompt(
-        processor_or_tokenizer, record, system_prompt=system_prompt, prompt_template=prompt_template
+        processor_or_tokenizer, record, system_prompt=system_prompt, prompt_template=prompt_template, tools=tools
     )
     return encoded.input_ids.numel()
 
@@ -375,6 +376,7 @@ def filter_by_prompt_length(
     prompt_template: str | None = None,
     images: bool = True,
     limit_name: str = "max_prompt_length",
+    tools: list[dict[str, Any]] | None = None,
 ) -> list[Record]:
     """Records whose prompt fits in ``max_prompt_length`` tokens; longer ones raise or are counted as skips.
 
@@ -388,7 +390,12 @@ def filter_by_prompt_length(
     kept = []
     for rec in records:
         n = prompt_length(
-            rec, processor_or_tokenizer, system_prompt=system_prompt, prompt_template=prompt_template, images=images
+            rec,
+            processor_or_tokenizer,
+            system_prompt=system_prompt,
+            prompt_template=prompt_template,
+            images=images,
+            tools=tools,
         )
         if n <= max_prompt_length:
             kept.append(rec)

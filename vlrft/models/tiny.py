@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (
     AutoModelForCausalLM,
     AutoModelForImageTextToText,
@@ -28,12 +28,14 @@ from transformers import (
     Qwen2VLImageProcessorPil,
 )
 
+from data_pipelines.templates import tools_system_text
 from vlrft.archs import ARCHS
 from vlrft.models.processing import (
     ImageOnlyQwen2_5_VLProcessor,
     ImageOnlyQwen2VLProcessor,
     ImageOnlyQwen3VLProcessor,
 )
+from vlrft.tools.builtin import BUILTIN_TOOLS
 
 try:
     from transformers import Qwen3VLConfig
@@ -59,18 +61,22 @@ SPECIAL_TOKENS = (
     "<|video_pad|>",
 )
 
+# Qwen's tool markup tokens (Qwen2.5: <tool_call>, </tool_call>; Qwen3: <tool_response>, </tool_response> too): added,
+# not special, so a decoded response keeps them. Only tiny models built for tool use (``tool_tokens=True``) have them.
+TOOL_TOKENS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
+
 # Qwen2's pre-tokenizer split: single digits, letters runs, punctuation runs, whitespace.
 QWEN_SPLIT_PATTERN = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 
-# Qwen2-VL's chat template (a plain string content works too, so text-only Qwen2 uses it as well).
-CHAT_TEMPLATE = (
-    "{% set image_count = namespace(value=0) %}{% set video_count = namespace(value=0) %}"
-    "{% for message in messages %}{% if loop.first and message['role'] != 'system' %}"
-    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
-    "<|im_start|>{{ message['role'] }}\n"
-    "{% if message['content'] is string %}{{ message['content'] }}<|im_end|>\n"
+# Qwen2-VL's chat template (a plain string content works too, so text-only Qwen2 uses it as well), with the tool
+# support of Qwen2.5's template: given ``tools``, the system turn lists their schemas in <tools></tools> and says how
+# to call them (<tool_call>{"name": ..., "arguments": {...}}</tool_call>); consecutive ``tool`` messages become one
+# user turn of <tool_response> blocks whose image parts are rendered as in any other turn (as Qwen3-VL's template
+# does). Without tools and tool messages it renders exactly what Qwen2-VL's template renders.
+_CONTENT = (
+    "{% if message['content'] is string %}{{ message['content'] }}"
     "{% else %}{% for content in message['content'] %}"
     "{% if content['type'] == 'image' or 'image' in content or 'image_url' in content %}"
     "{% set image_count.value = image_count.value + 1 %}"
@@ -80,7 +86,30 @@ CHAT_TEMPLATE = (
     "{% set video_count.value = video_count.value + 1 %}"
     "{% if add_vision_id %}Video {{ video_count.value }}: {% endif %}"
     "<|vision_start|><|video_pad|><|vision_end|>"
-    "{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}<|im_end|>\n"
+    "{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}{% endif %}"
+)
+CHAT_TEMPLATE = (
+    "{% set image_count = namespace(value=0) %}{% set video_count = namespace(value=0) %}"
+    "{% if tools %}<|im_start|>system\n"
+    "{% if messages[0]['role'] == 'system' %}{% set message = messages[0] %}" + _CONTENT + "{% else %}"
+    "You are a helpful assistant.{% endif %}"
+    # Jinja drops the first newline after a block tag (trim_blocks): newlines there are written as {{ '\\n' }}
+    "{{ '\\n\\n' }}# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
+    "{% for tool in tools %}{{ '\\n' }}{{ tool | tojson }}{% endfor %}{{ '\\n' }}</tools>\n\n"
+    "For each function call, return a json object with function name and arguments within "
+    "<tool_call></tool_call> XML tags:\n<tool_call>\n"
+    '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call><|im_end|>\n'
+    "{% endif %}"
+    "{% for message in messages %}"
+    "{% if loop.first and message['role'] != 'system' and not tools %}"
+    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
+    "{% if message['role'] == 'tool' %}"
+    "{% if loop.first or messages[loop.index0 - 1]['role'] != 'tool' %}<|im_start|>user{% endif %}"
+    "{{ '\\n' }}<tool_response>{{ '\\n' }}" + _CONTENT + "{{ '\\n' }}</tool_response>"
+    "{% if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}<|im_end|>\n{% endif %}"
+    "{% elif not (tools and loop.first and message['role'] == 'system') %}"
+    "<|im_start|>{{ message['role'] }}\n" + _CONTENT + "<|im_end|>\n"
     "{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 
@@ -104,10 +133,32 @@ _WORDS = (
 ).split()
 
 
-def _corpus(num_lines: int = 6000) -> list[str]:
-    """A deterministic text corpus covering the words, numbers and markup of our tasks."""
-    rng = random.Random(1234)
+def _tool_lines(num_lines: int = 3000) -> list[str]:
+    """Tool calls and responses in Qwen's markup, for the tokenizer of tiny models built for tool use (JSON keys,
+    tool names and arguments then take a few tokens each, as in a real Qwen tokenizer)."""
+    rng = random.Random(4321)
+    regions = ("top_left", "top_right", "bottom_left", "bottom_right", "center", "top", "bottom", "left", "right")
+    calls = (
+        lambda: {"name": "zoom", "arguments": {"region": rng.choice(regions)}},
+        lambda: {"name": "crop", "arguments": {"box": [rng.randint(0, 200) for _ in range(4)], "image": 1}},
+        lambda: {"name": "rotate", "arguments": {"degrees": rng.choice((90, 180, 270)), "image": 1}},
+        lambda: {"name": "calculator", "arguments": {"expression": f"{rng.randint(0, 99)} * {rng.randint(1, 9)}"}},
+    )
     lines = []
+    for _ in range(num_lines):
+        call = json.dumps(rng.choice(calls)())
+        lines.append(f"<tool_call>\n{call}\n</tool_call>")
+        lines.append(f"<tool_response>\n{rng.randint(0, 999)}\n</tool_response>")
+    schemas = [t.schema for t in BUILTIN_TOOLS.values()]
+    for _ in range(num_lines // 6):  # the system text that lists tools, as a real tokenizer has seen it often
+        lines.append(tools_system_text(None, rng.sample(schemas, rng.randint(1, len(schemas)))))
+    return lines
+
+
+def _corpus(num_lines: int = 6000, tools: bool = False) -> list[str]:
+    """A deterministic text corpus covering the words, numbers and markup of our tasks (``tools``: and tool calls)."""
+    rng = random.Random(1234)
+    lines = _tool_lines() if tools else []
     for i in range(num_lines):
         words = [rng.choice(_WORDS) for _ in range(rng.randint(6, 18))]
         num = str(rng.randint(0, 10 ** rng.randint(1, 4)))
@@ -128,7 +179,7 @@ def _corpus(num_lines: int = 6000) -> list[str]:
 
 
 @lru_cache(maxsize=4)
-def _trained_bpe(vocab_size: int) -> tuple[dict[str, int], list[tuple[str, str]]]:
+def _trained_bpe(vocab_size: int, tools: bool = False) -> tuple[dict[str, int], list[tuple[str, str]]]:
     """Train a byte-level BPE on the corpus; returns (vocab, merges) without special tokens."""
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence(
@@ -143,17 +194,19 @@ def _trained_bpe(vocab_size: int) -> tuple[dict[str, int], list[tuple[str, str]]
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(_corpus(), trainer=trainer)
+    tok.train_from_iterator(_corpus(tools=tools), trainer=trainer)
     state = json.loads(tok.to_str())["model"]
     merges = [tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m) for m in state["merges"]]
     return dict(state["vocab"]), merges
 
 
-def build_tokenizer(vocab_size: int = 1024) -> Qwen2Tokenizer:
-    """A Qwen2Tokenizer with a locally trained BPE vocabulary followed by Qwen's special tokens."""
-    bpe_vocab, merges = _trained_bpe(vocab_size - len(SPECIAL_TOKENS))
+def build_tokenizer(vocab_size: int = 1024, tool_tokens: bool = False) -> Qwen2Tokenizer:
+    """A Qwen2Tokenizer with a locally trained BPE vocabulary followed by Qwen's special tokens (``tool_tokens``: then
+    Qwen's tool markup tokens, with tool calls in the BPE corpus; the total stays ``vocab_size``)."""
+    extra = TOOL_TOKENS if tool_tokens else ()
+    bpe_vocab, merges = _trained_bpe(vocab_size - len(SPECIAL_TOKENS) - len(extra), tool_tokens)
     vocab = dict(sorted(bpe_vocab.items(), key=lambda kv: kv[1]))
-    for token in SPECIAL_TOKENS:  # ids right after the BPE vocabulary, in Qwen's order
+    for token in SPECIAL_TOKENS + extra:  # ids right after the BPE vocabulary, in Qwen's order
         vocab[token] = len(vocab)
     tokenizer = Qwen2Tokenizer(
         vocab=vocab,
@@ -166,6 +219,8 @@ def build_tokenizer(vocab_size: int = 1024) -> Qwen2Tokenizer:
         add_prefix_space=False,
     )
     tokenizer.add_special_tokens({"additional_special_tokens": list(SPECIAL_TOKENS[1:])})
+    if extra:  # matched whole, decoded even with skip_special_tokens (Qwen's added, non-special tokens)
+        tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in extra])
     tokenizer.chat_template = CHAT_TEMPLATE
     tokenizer.model_max_length = 32768
     return tokenizer
@@ -184,6 +239,7 @@ class TinySpec:
     vision_hidden: int = 64
     vocab_size: int = 1024
     seed: int = 0
+    tool_tokens: bool = False  # Qwen's tool markup tokens and tool calls in the tokenizer's corpus (tool use)
 
 
 def _text_kwargs(spec: TinySpec, vocab: int, ids: dict[str, int], mrope: bool) -> dict:
@@ -305,7 +361,7 @@ def make_tiny_model(out_dir: str | Path, arch: str = "qwen2_5_vl", **sizes) -> P
         raise ValueError(f"unknown arch {arch!r}; choose one of {', '.join(ARCHS)}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer(spec.vocab_size)
+    tokenizer = build_tokenizer(spec.vocab_size, spec.tool_tokens)
     config = build_config(spec, tokenizer)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(spec.seed)
@@ -324,9 +380,10 @@ def make_tiny_model(out_dir: str | Path, arch: str = "qwen2_5_vl", **sizes) -> P
     return out
 
 
-def initial_model_path(model_cfg: Any, out: Path, strategy: Any, seed: int) -> str:
+def initial_model_path(model_cfg: Any, out: Path, strategy: Any, seed: int, tool_tokens: bool = False) -> str:
     """``model_cfg.path``, or (empty) a tiny random model written once to ``out/initial-model`` from
-    ``model_cfg.tiny_*`` and ``seed``: rank 0 writes it (same seed, same bytes), all ranks wait."""
+    ``model_cfg.tiny_*`` and ``seed`` (``tool_tokens``: with Qwen's tool markup tokens, for runs with tools): rank 0
+    writes it (same seed, same bytes), all ranks wait."""
     if model_cfg.path:
         return model_cfg.path
     path = Path(out) / "initial-model"
@@ -337,6 +394,7 @@ def initial_model_path(model_cfg: Any, out: Path, strategy: Any, seed: int) -> s
             hidden=model_cfg.tiny_hidden,
             layers=model_cfg.tiny_layers,
             seed=seed,
+            tool_tokens=tool_tokens,
         )
     strategy.barrier()
     return str(path)
