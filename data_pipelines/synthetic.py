@@ -8,6 +8,11 @@ Tasks (``TASKS``), each with exact answers:
 - ``"yes_no"``: "Is this image {color}?" of a solid-colour image (as ``"color"``), answered ``yes`` for
   half the records and ``no`` for the other half (the colour asked is another of the palette), so one answer
   for every image scores 0.5.
+- ``"mark_color"``: name the colour of a small mark that cannot be read at the resolution the image is shown
+  at (a checkerboard of the colour and its complement, one pixel per square, which averages to grey once the
+  224x224 image is shrunk to the model's 112x112) but is plain in a zoomed view of its quadrant; the quadrant
+  is lighter than the others, a cue that shows at any resolution. ``metadata["demonstration"]`` is the call that
+  solves it (``zoom`` of that quadrant), for supervised demonstrations (docs/tools.md).
 - ``"shape"``: name the shape (circle, square, triangle, star, hexagon, cross, diamond, pentagon; the
   first ``num_shapes``).
 - ``"count_shapes"``: how many shapes of one kind; ``min_count``..``max_count``, ``distractors`` shapes
@@ -223,6 +228,51 @@ def _yes_no(
     return out
 
 
+MARK_COLORS = ("red", "green", "blue", "white")  # none is another's complement: each checkerboard is its own
+QUADRANTS = ("top_left", "top_right", "bottom_left", "bottom_right")
+
+
+def _mark_color(
+    n: int,
+    rng: random.Random,
+    *,
+    colors: list[str] | None = None,
+    image_size: int = 224,
+    mark_size: int = 48,
+    light: int = 230,
+    dark: int = 40,
+    question: str = "What colour is the small mark?",
+) -> list[tuple]:
+    """A small mark's colour, readable only by zooming into its (lighter) quadrant; see the module doc."""
+    names = list(colors or MARK_COLORS)
+    half = image_size // 2
+    if mark_size % 2 or mark_size > half - 8:
+        raise ValueError(f"mark_size must be even and fit in a quadrant with a margin, got {mark_size}")
+    answers = _balanced(names, n, rng)
+    out = []
+    for answer in answers:
+        quadrant = rng.randrange(4)
+        qx, qy = (quadrant % 2) * half, (quadrant // 2) * half
+        arr = np.full((image_size, image_size, 3), dark, dtype=np.uint8)
+        arr[qy : qy + half, qx : qx + half] = light
+        # even coordinates: every square's colour is fixed by the parity of its pixel in the whole image
+        x = qx + 4 + 2 * rng.randrange((half - 8 - mark_size) // 2 + 1)
+        y = qy + 4 + 2 * rng.randrange((half - 8 - mark_size) // 2 + 1)
+        color = np.array(COLORS[answer], dtype=np.int16)
+        yy, xx = np.mgrid[0:mark_size, 0:mark_size]
+        squares = np.where(((yy + xx) % 2 == 0)[..., None], color, 255 - color).astype(np.uint8)
+        arr[y : y + mark_size, x : x + mark_size] = squares
+        region = QUADRANTS[quadrant]
+        meta = {
+            "vocabulary": names,
+            "region": region,
+            "box": [x, y, x + mark_size, y + mark_size],
+            "demonstration": [{"name": "zoom", "arguments": {"region": region}}],
+        }
+        out.append((Image.fromarray(arr, "RGB"), question, answer, meta))
+    return out
+
+
 def _shape(
     n: int,
     rng: random.Random,
@@ -370,6 +420,7 @@ def _triangle(angles: list[int], size: int, rng: random.Random) -> list[tuple[fl
 TASKS = {
     "color": _color,
     "yes_no": _yes_no,
+    "mark_color": _mark_color,
     "shape": _shape,
     "count_shapes": _count_shapes,
     "triangle_angle": _triangle_angle,

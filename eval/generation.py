@@ -13,13 +13,18 @@ import torch
 
 from data_pipelines.collate import encode_prompt
 from vlrft.rollout import SamplingParams
+from vlrft.rollout.base import Trajectory
+from vlrft.rollout.trajectories import TrajectoryRunner
 
 
 @dataclass
 class Generation:
-    text: str
-    num_tokens: int  # generated tokens, EOS included when the model stopped by itself
-    finish_reason: str  # "stop" (EOS) or "length" (max_new_tokens reached)
+    text: str  # the response (a trajectory's last assistant turn)
+    num_tokens: (
+        int  # generated tokens, EOS included when the model stopped by itself (a trajectory: all after the prompt)
+    )
+    finish_reason: str  # "stop" (EOS) or "length" (max_new_tokens reached); trajectories also "budget", "max_turns"
+    trajectory: Trajectory | None = None  # multi-turn rollouts with tools: the turns, calls and returned images
 
 
 def generate_with_engine(
@@ -35,15 +40,22 @@ def generate_with_engine(
     max_new_tokens: int = 512,
     seed: int = 0,
     image_kwargs: dict[str, Any] | None = None,
+    trajectories: TrajectoryRunner | None = None,
 ) -> list[list[Generation]]:
     """``n`` responses per record (prompt-major) from ``engine``; in training it is the trainer's own
     engine (sharded models, vLLM). ``image_kwargs`` size images that are not loaded yet (default: the
-    processor's own bounds)."""
+    processor's own bounds). ``trajectories``: multi-turn rollouts with tools through that runner (on its engine)."""
 
     sample = temperature > 0
+    schemas = trajectories.schemas if trajectories is not None else None
     prompts = [
         encode_prompt(
-            processor, r, system_prompt=system_prompt, prompt_template=prompt_template, image_kwargs=image_kwargs
+            processor,
+            r,
+            system_prompt=system_prompt,
+            prompt_template=prompt_template,
+            image_kwargs=image_kwargs,
+            tools=schemas or None,
         )
         for r in records
     ]
@@ -51,8 +63,11 @@ def generate_with_engine(
     # the engine's sampler draws from the global CPU or current-GPU generator: fork both
     with torch.random.fork_rng(devices=[torch.cuda.current_device()] if torch.cuda.is_available() else []):
         torch.manual_seed(seed)
-        rollouts = engine.generate(prompts, sampling)
+        if trajectories is not None:
+            rollouts = trajectories.run(list(records), prompts, sampling)
+        else:
+            rollouts = engine.generate(prompts, sampling)
     results: list[list[Generation]] = [[] for _ in records]
     for r in rollouts:
-        results[r.prompt_index].append(Generation(r.text, int(r.response_ids.numel()), r.finish_reason))
+        results[r.prompt_index].append(Generation(r.text, int(r.response_ids.numel()), r.finish_reason, r.trajectory))
     return results if sample else [g * n for g in results]

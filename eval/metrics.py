@@ -68,6 +68,30 @@ def bootstrap_ci(
     return (float(lo), float(hi))
 
 
+def tool_summary(responses: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """Tool use over responses with turns (samples.jsonl rows of ``vlrft eval``, and each step of train-policy):
+    turns and calls per response, the share that called a tool, failed calls per response, per tool and per
+    failure, the share cut by the token budget or by the turn limit, and images returned per response."""
+    n = len(responses)
+    calls: Counter = Counter()
+    errors: Counter = Counter()
+    for r in responses:
+        calls.update(r.get("tool_calls", {}))
+        errors.update(r.get("tool_errors", {}))
+    out = {
+        "tools/turns": sum(len(r.get("turns", [])) for r in responses) / n,
+        "tools/calls": sum(calls.values()) / n,
+        "tools/call_rate": sum(bool(r.get("tool_calls") or r.get("tool_errors")) for r in responses) / n,
+        "tools/errors": sum(errors.values()) / n,
+        "tools/cut_by_budget": sum(r.get("finish_reason") == "budget" for r in responses) / n,
+        "tools/max_turns": sum(r.get("finish_reason") == "max_turns" for r in responses) / n,
+        "tools/images": sum(o["images"] for r in responses for t in r.get("turns", []) for o in t["observations"]) / n,
+    }
+    out.update({f"tools/calls/{k}": v / n for k, v in sorted(calls.items())})
+    out.update({f"tools/errors/{k}": v / n for k, v in sorted(errors.items())})
+    return out
+
+
 def summarize(problems: Sequence[dict[str, Any]], *, seed: int = 0) -> dict[str, Any]:
     """Benchmark metrics from scored problems (the rows of samples.jsonl).
 
@@ -110,6 +134,8 @@ def summarize(problems: Sequence[dict[str, Any]], *, seed: int = 0) -> dict[str,
     tokens = [r.get("num_tokens") for r in responses]
     out["mean_response_tokens"] = float(np.mean(tokens)) if all(t is not None for t in tokens) else None
     out["verifier_errors"] = dict(sorted(Counter(r["error"] for r in responses if r.get("error")).items()))
+    if any("turns" in r for r in responses):  # multi-turn rollouts with tools
+        out.update(tool_summary(responses))
     if all("extracted" in r for r in responses):  # the collapse detectors' figures of the answers given
         keys = [str(p["id"]) for p in problems for _ in p["responses"]]
         answers = [

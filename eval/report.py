@@ -50,11 +50,30 @@ def _metrics_table(metrics: dict[str, Any]) -> str:
     return "<table>" + "".join(rows) + "</table>"
 
 
+def _turns(resp: dict[str, Any], images: list[Any]) -> str:
+    """A trajectory's turns: each assistant turn's text, then each tool observation with the images it returned."""
+    esc, parts, shown = html.escape, [], iter(images)
+    for k, turn in enumerate(resp["turns"]):
+        parts.append(f"<p><i>turn {k + 1}</i></p><pre>{esc(turn['text'])}</pre>")
+        for obs in turn.get("observations", []):
+            parts.append(f"<p><i>tool</i></p><pre>{esc(obs['text'])}</pre>" if obs["text"] else "<p><i>tool</i></p>")
+            for _ in range(obs["images"]):
+                im = next(shown, None)
+                uri = image_data_uri(im) if im is not None else None
+                parts.append(f"<img src='{uri}' alt='returned image'>" if uri else "<p>(image not kept)</p>")
+    return "".join(parts)
+
+
 def render_report(
-    metrics: dict[str, Any], rows: Sequence[dict[str, Any]], records: Sequence[Any] = (), title: str = "evaluation"
+    metrics: dict[str, Any],
+    rows: Sequence[dict[str, Any]],
+    records: Sequence[Any] = (),
+    title: str = "evaluation",
+    turn_images: dict[tuple[str, int], list[Any]] | None = None,
 ) -> str:
     """The HTML page: metrics, then per problem its images, prompt, reference and every response with
-    its extracted answer marked right or wrong. A problem counts as right when any response is correct."""
+    its extracted answer marked right or wrong (a trajectory: each turn, with the images tools returned,
+    ``turn_images[(id, response index)]``). A problem counts as right when any response is correct."""
     images = {r.id: list(r.images) for r in records}
     esc = html.escape
     parts = [
@@ -77,9 +96,11 @@ def render_report(
             mark = "<span class='ok'>✓ right</span>" if resp["correct"] else "<span class='bad'>✗ wrong</span>"
             extracted = esc(str(resp["extracted"])) if resp["extracted"] is not None else "<i>none</i>"
             err = f" ({esc(resp['error'])})" if resp.get("error") else ""
-            parts.append(
-                f"<p><b>Response {i + 1}</b> — extracted: {extracted} {mark}{err}</p><pre>{esc(resp['text'])}</pre>"
-            )
+            head = f"<p><b>Response {i + 1}</b> — extracted: {extracted} {mark}{err}</p>"
+            if resp.get("turns"):
+                parts.append(head + _turns(resp, (turn_images or {}).get((row["id"], i), [])))
+            else:
+                parts.append(head + f"<pre>{esc(resp['text'])}</pre>")
         parts.append("</div>")
     parts.append("</body></html>")
     return "\n".join(parts)
@@ -91,9 +112,10 @@ def write_report(
     rows: Sequence[dict[str, Any]],
     records: Sequence[Any] = (),
     title: str = "evaluation",
+    turn_images: dict[tuple[str, int], list[Any]] | None = None,
 ) -> Path:
     path = Path(path)
-    path.write_text(render_report(metrics, rows, records, title), encoding="utf-8")
+    path.write_text(render_report(metrics, rows, records, title, turn_images), encoding="utf-8")
     return path
 
 

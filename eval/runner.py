@@ -42,6 +42,12 @@ def image_refs(record: PromptRecord) -> list[str]:
     ]
 
 
+def turn_log(trajectory: Any) -> dict[str, Any]:
+    """A trajectory as samples.jsonl keeps it: its turns (text, calls, observations with their image counts) and
+    its calls and failed calls counted."""
+    return {"turns": trajectory.turns, "tool_calls": trajectory.calls, "tool_errors": trajectory.errors}
+
+
 def score_problem(
     record: PromptRecord, generations: Sequence[Generation | str], verifier: Verifier, prompt_text: str | None = None
 ) -> dict[str, Any]:
@@ -67,6 +73,7 @@ def score_problem(
                 "num_chars": len(g.text),
                 "num_tokens": g.num_tokens,
                 "finish_reason": g.finish_reason,
+                **(turn_log(g.trajectory) if g.trajectory is not None else {}),
             }
         )
     return {
@@ -208,6 +215,7 @@ def evaluate(
     image_kwargs: dict[str, Any] | None = None,
     engine: Any = None,
     run_info: dict[str, Any] | None = None,
+    trajectories: Any = None,
 ) -> dict[str, Any]:
     """Evaluate ``model`` on ``records`` of ``benchmark``; returns the metrics (see ``eval.metrics.summarize``).
 
@@ -216,7 +224,8 @@ def evaluate(
     already in ``samples.jsonl``. Without it nothing is written (the in-training use). Generation goes
     through ``engine`` (a ``vlrft.rollout`` engine, e.g. the trainer's; default: an ``hf`` engine on
     ``model``). Images not loaded yet are loaded by ``data_pipelines.images.load_image(**image_kwargs)``
-    (default: the processor's own pixel bounds).
+    (default: the processor's own pixel bounds). ``trajectories``: a ``vlrft.rollout.trajectories.TrajectoryRunner``
+    on that engine, for multi-turn rollouts with tools (the report shows each turn with the images tools returned).
     """
 
     bench = get_benchmark(benchmark)
@@ -252,6 +261,7 @@ def evaluate(
             logger.info("%s: resuming, %d of %d problems already done", out, len(done), len(records))
         samples_file = open(out / SAMPLES, "ab")
     batches = [list(records[i : i + batch_size]) for i in range(0, len(records), batch_size)]
+    turn_images: dict[tuple[str, int], list[Any]] = {}
     bar = None
     if progress:
         bar = tqdm(total=len(records), initial=sum(r.id in done for r in records), desc=f"eval {bench.name}")
@@ -268,8 +278,13 @@ def evaluate(
                 system_prompt=system_prompt,
                 prompt_template=bench.prompt_template,
                 image_kwargs=image_kwargs,
+                trajectories=trajectories,
                 **sampling,
             )
+            for r, g in zip(todo, gens):  # the images tools returned, for the report (not kept in samples.jsonl)
+                for k, gen in enumerate(g):
+                    if gen.trajectory is not None and gen.trajectory.response.images:
+                        turn_images[(r.id, k)] = gen.trajectory.response.images
             rows = [
                 score_problem(r, g, verifier, apply_template(r.prompt, bench.prompt_template))
                 for r, g in zip(todo, gens)
@@ -295,6 +310,11 @@ def evaluate(
         _write_json(Path(out_dir) / METRICS, {**metrics, "settings": settings})
         if report:
             write_report(
-                Path(out_dir) / REPORT, metrics, rows, records, title=f"{bench.name}: {settings.get('model', '')}"
+                Path(out_dir) / REPORT,
+                metrics,
+                rows,
+                records,
+                title=f"{bench.name}: {settings.get('model', '')}",
+                turn_images=turn_images,
             )
     return metrics

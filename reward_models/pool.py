@@ -221,9 +221,16 @@ class RewardPool:
             return dict(self.cfg.recipes["default"])
         return {s.name: s.weight for s in self.cfg.sources}
 
-    def score(self, records: list[PromptRecord], responses: list[str], extra: list[dict] | None = None) -> PoolOutput:
+    def score(
+        self,
+        records: list[PromptRecord],
+        responses: list[str],
+        extra: list[dict] | None = None,
+        trajectories: list[list[dict] | None] | None = None,
+    ) -> PoolOutput:
         """Score sample ``i`` = (``records[i]``, ``responses[i]``). ``extra[i]`` (optional) adds keyword
-        arguments for the verifiers, e.g. ``{"response_length": 412}`` (tokens) for ``length_penalty``."""
+        arguments for the verifiers, e.g. ``{"response_length": 412}`` (tokens) for ``length_penalty``;
+        ``trajectories[i]`` the conversation after the prompt of a multi-turn response (``Sample.trajectory``)."""
         if len(records) != len(responses) or (extra is not None and len(extra) != len(records)):
             raise ValueError(
                 f"{len(records)} records, {len(responses)} responses"
@@ -231,7 +238,7 @@ class RewardPool:
                 + " (one each per sample)"
             )
         n = len(records)
-        samples = samples_of(records, responses, extra)
+        samples = samples_of(records, responses, extra, trajectories)
         weights = [self.weights_for(r.task) for r in records]
         rows = {name: [i for i in range(n) if name in weights[i]] for name in self.sources}
         per_source = {name: torch.full((n,), math.nan) for name in self.sources}

@@ -11,7 +11,10 @@ A user reward function (``kind: function``, ``docs/your-task.md``) receives thes
 - ``answer``: the record's reference answer (None when the record has none);
 - ``images``: the record's images (paths, or PIL images once loaded);
 - ``metadata``: the record's other fields (``metadata`` in its JSONL line);
-- ``extra``: what the trainer measured about the response (``response_length`` in tokens, ...).
+- ``extra``: what the trainer measured about the response (``response_length`` in tokens, ...);
+- ``trajectory``: in multi-turn rollouts with tools (docs/tools.md), the conversation after the prompt: assistant
+  turns (their text, tool calls included) and ``tool`` turns (text and ``{"type": "image", "image": PIL}`` parts),
+  the last assistant turn being ``response``; None for a single response.
 """
 
 from __future__ import annotations
@@ -33,15 +36,23 @@ class Sample:
     system: str | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
+    trajectory: list[dict[str, Any]] | None = None
 
     @property
     def messages(self) -> list[dict[str, Any]]:
-        """The conversation: the system turn (if any), the user turn, the response as the assistant turn."""
+        """The conversation: the system turn (if any), the user turn, then the response as the assistant turn (or
+        the trajectory's turns)."""
         turns = [{"role": "system", "content": self.system}] if self.system else []
-        return turns + [{"role": "user", "content": self.prompt}, {"role": "assistant", "content": self.response}]
+        after = self.trajectory if self.trajectory is not None else [{"role": "assistant", "content": self.response}]
+        return turns + [{"role": "user", "content": self.prompt}, *after]
 
 
-def samples_of(records: list[Any], responses: list[str], extra: list[dict] | None = None) -> list[Sample]:
+def samples_of(
+    records: list[Any],
+    responses: list[str],
+    extra: list[dict] | None = None,
+    trajectories: list[list[dict] | None] | None = None,
+) -> list[Sample]:
     """One :class:`Sample` per (record, response) pair (``records`` are ``PromptRecord`` objects)."""
     return [
         Sample(
@@ -54,6 +65,7 @@ def samples_of(records: list[Any], responses: list[str], extra: list[dict] | Non
             system=r.system,
             metadata=dict(r.metadata),
             extra=dict(extra[i]) if extra else {},
+            trajectory=trajectories[i] if trajectories else None,
         )
         for i, (r, resp) in enumerate(zip(records, responses))
     ]

@@ -73,3 +73,27 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_line(
             f"{r['ratio']:.3g}  {r['value']:.3g} / {r['bound']:.3g}  {r['what']}  [{r['test']}]"
         )
+
+
+@pytest.fixture(scope="session")
+def tool_policy(tmp_path_factory) -> Path:
+    """A tiny Qwen2.5-VL (with Qwen's tool tokens) that calls the zoom tool: ``train-sft`` of 60 steps on the
+    tool demonstrations of synthetic:mark_color (configs/sft/zoom_tools.yaml), enough for the call's format (which
+    region it zooms into and the colour it names are still guesses). Built once per session (about 30 s)."""
+    from vlrft.cli import main
+
+    out = tmp_path_factory.mktemp("tool-policy") / "sft"
+    args = [
+        "train-sft",
+        str(REPO / "configs" / "sft" / "zoom_tools.yaml"),
+        f"train.output_dir={out}",
+        "train.max_steps=60",
+        "train.eval_every=0",
+        "data.synthetic_train_size=256",
+        "data.eval_source=",
+        "logging.wandb=disabled",
+        "logging.progress_bar=false",
+        "logging.tensorboard=false",
+    ]
+    assert main(args) == 0
+    return out / "final"

@@ -171,9 +171,10 @@ class Run:
         self.stop_signal: str | None = None  # set by a preemption signal's handler (training_run)
 
     # ------------------------------------------------------------------ before the trainer exists
-    def initial_model(self) -> str:
-        """``model.path``, or a tiny random model written once to ``output_dir/initial-model``."""
-        return initial_model_path(self.cfg.model, self.out, self.strategy, self.cfg.strategy.seed)
+    def initial_model(self, tool_tokens: bool = False) -> str:
+        """``model.path``, or a tiny random model written once to ``output_dir/initial-model`` (``tool_tokens``: one
+        built for tool use, with Qwen's tool markup tokens)."""
+        return initial_model_path(self.cfg.model, self.out, self.strategy, self.cfg.strategy.seed, tool_tokens)
 
     def total_steps(self, steps_per_episode: int) -> int:
         """``max_steps``, or ``num_episodes`` passes of ``steps_per_episode`` steps when it is 0."""

@@ -55,6 +55,20 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         choices=["hf", "vllm"],
         help="generation engine: hf (batched generate) or vllm (needs .venv-vllm; see docs/train-policy.md)",
     )
+    p.add_argument(
+        "--tools",
+        nargs="+",
+        metavar="TOOL",
+        help="multi-turn with tools (docs/tools.md): zoom, crop, rotate, calculator or path/to/file.py:function; "
+        "accuracy is also measured with every call answered 'tools are switched off' (OUT/no_tools/)",
+    )
+    p.add_argument("--max-turns", type=int, default=4, help="assistant turns per trajectory with --tools (default 4)")
+    p.add_argument(
+        "--max-trajectory-tokens",
+        type=int,
+        default=1024,
+        help="token budget of a trajectory with --tools (default 1024)",
+    )
     p.add_argument("--out", default=None, help="output folder (required for an evaluation)")
     p.add_argument("--overwrite", action="store_true", help="start over instead of resuming from --out")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -154,6 +168,8 @@ def run(args: argparse.Namespace) -> int:
         system_prompt=args.system_prompt,
     )
     run_info = {"model": str(args.model), "data": str(args.data), "split": args.split, "limit": args.limit}
+    if args.tools:
+        run_info.update(tools=list(args.tools), max_turns=args.max_turns, tools_switched_off=False)
     check_out_dir(args.out, run_settings(bench, len(records), **sampling, run_info=run_info), not args.overwrite)
     # a prompt past the model's positions fails or degrades only when its batch comes up: count them all now,
     # without reading images (a lower bound for image records), from the tokenizer alone
@@ -170,26 +186,48 @@ def run(args: argparse.Namespace) -> int:
             limit_name="the model's max_position_embeddings",
         )
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    tools = None
+    if args.tools:
+        from data_pipelines.collate import processor_image_kwargs
+        from vlrft.rollout.trajectories import TrajectoryRunner
+        from vlrft.tools import ToolBox, ToolsConfig
+
+        tools_cfg = ToolsConfig(names=list(args.tools), max_turns=args.max_turns, max_tokens=args.max_trajectory_tokens)
+        tools = ToolBox(tools_cfg, processor_image_kwargs(processor))  # tools that do not load stop here
     model, _ = load_model(path, args.dtype, device, processor=False)
     image_kwargs = {"max_pixels": args.max_pixels, "min_pixels": None} if args.max_pixels else None
     engine = make_engine(args.engine, model, processor, micro_batch_size=args.batch_size)
-    metrics = evaluate(
-        model,
-        processor,
-        records,
-        bench,
-        **sampling,
-        out_dir=args.out,
-        resume=not args.overwrite,
-        progress=not args.no_progress,
-        image_kwargs=image_kwargs,
-        engine=engine,
-        run_info=run_info,
-    )
-    lo, hi = metrics["accuracy_ci95"]
-    print(
-        f"{bench.name}: accuracy {metrics['accuracy']:.4f} (95% CI {lo:.4f}-{hi:.4f}) on {metrics['num_problems']} "
-        f"problems, format rate {metrics['format_rate']:.4f}"
-    )
-    print(f"wrote {args.out}/metrics.json, samples.jsonl, report.html")
+    runs = {args.out: None}
+    if tools is not None:  # with the tools, then with every call answered that they are switched off
+        runs = {
+            args.out: TrajectoryRunner(engine, processor, tools, tools.cfg),
+            str(Path(args.out) / "no_tools"): TrajectoryRunner(engine, processor, tools, tools.cfg, switched_off=True),
+        }
+    try:
+        for out, trajectories in runs.items():
+            metrics = evaluate(
+                model,
+                processor,
+                records,
+                bench,
+                **sampling,
+                out_dir=out,
+                resume=not args.overwrite,
+                progress=not args.no_progress,
+                image_kwargs=image_kwargs,
+                engine=engine,
+                run_info={**run_info, "tools_switched_off": True} if out != args.out else run_info,
+                trajectories=trajectories,
+            )
+            lo, hi = metrics["accuracy_ci95"]
+            what = "" if out == args.out else " with tools switched off"
+            print(
+                f"{bench.name}{what}: accuracy {metrics['accuracy']:.4f} (95% CI {lo:.4f}-{hi:.4f}) on "
+                f"{metrics['num_problems']} problems, format rate {metrics['format_rate']:.4f}"
+                + (f", tool calls per problem {metrics['tools/calls']:.2f}" if "tools/calls" in metrics else "")
+            )
+            print(f"wrote {out}/metrics.json, samples.jsonl, report.html")
+    finally:
+        if tools is not None:
+            tools.close()
     return 0

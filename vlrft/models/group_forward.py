@@ -89,8 +89,14 @@ BLOCK_MASK_ATTENTION = ("sdpa", "eager")
 
 
 def shared_forward_applies(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> bool:
-    """The batch says which samples share a prompt and the model's attention takes the block mask."""
-    return "prompt_index" in batch and _attention_kind(model) in BLOCK_MASK_ATTENTION
+    """The batch says which samples share a prompt, the model's attention takes the block mask, and no response
+    holds images of its own. Multi-turn responses with text observations pack as any response does (their tokens
+    continue the prompt's positions one by one); images that tools returned inside a response would need their
+    own m-rope positions and vision features in the packed row, which this packing does not lay out, so such
+    batches take the plain path."""
+    if "prompt_index" not in batch or _attention_kind(model) not in BLOCK_MASK_ATTENTION:
+        return False
+    return "response_images" not in batch or not bool(batch["response_images"].any())
 
 
 def _prompt_positions(owner: Any, ids: torch.Tensor, types: torch.Tensor | None, grid: torch.Tensor | None):

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable, Protocol
+from typing import Any, Iterable, Protocol
 
 import torch
 
@@ -36,16 +36,37 @@ class SamplingParams:
 
 
 @dataclass
+class Trajectory:
+    """What a multi-turn response holds beyond its tokens (``vlrft.rollout.trajectories``): which tokens the policy
+    sampled (the others are tool observations and template tokens), the images tools returned (their tokens are in
+    the response) and each turn as it happened."""
+
+    action_mask: torch.Tensor  # [R] int64, 1 on the tokens the policy sampled
+    response: EncodedPrompt  # the whole response encoded: its ids, the returned images processed, their token marks
+    turns: list[dict[str, Any]] = field(default_factory=list)  # per assistant turn: text, calls, observations
+    messages: list[dict[str, Any]] = field(default_factory=list)  # the conversation after the prompt (for rewards)
+    calls: dict[str, int] = field(default_factory=dict)  # tool name -> calls that ran
+    errors: dict[str, int] = field(default_factory=dict)  # error kind -> failed calls
+
+    @property
+    def num_images(self) -> int:
+        return self.response.num_images
+
+
+@dataclass
 class Rollout:
     """One sampled response; ``response_ids`` ends with EOS when the model stopped by itself."""
 
     prompt_index: int
     response_ids: torch.Tensor  # [R] int64
-    text: str
-    finish_reason: str  # "stop" (EOS or a stop string) or "length"
+    text: str  # the response (of a trajectory: its last assistant turn, the answer)
+    # "stop" (EOS or a stop string) or "length"; trajectories also "budget" (cut by tools.max_tokens) and
+    # "max_turns" (a tool called in the last turn allowed)
+    finish_reason: str
     # [R] float32: the engine's own log-probs of ``response_ids`` under the sampling distribution, where
-    # the engine reports them (vLLM); None where the trainer recomputes them anyway (``hf``)
+    # the engine reports them (vLLM; 0 on observation tokens); None where the trainer recomputes them anyway (``hf``)
     logprobs: torch.Tensor | None = None
+    trajectory: Trajectory | None = None  # multi-turn rollouts with tools
 
 
 def stack_rollout_logprobs(rollouts: list[Rollout], width: int) -> torch.Tensor | None:

@@ -25,6 +25,7 @@ from vlrft.loop import DataSourceConfig, RunConfig
 from vlrft.models.loading import ModelConfig
 from vlrft.rollout.vllm_engine import VLLMConfig
 from vlrft.strategies.base import OptimConfig, StrategyConfig
+from vlrft.tools import ToolsConfig
 from vlrft.tracking import LoggingConfig
 
 # The embedded default: one rule verifier that reads the answer word of a synthetic task's response.
@@ -208,6 +209,7 @@ class PolicyTrainConfig:
     algorithm: AlgorithmConfig = option(AlgorithmConfig(), "RL algorithm")
     reward: RewardPoolConfig = option(DEFAULT_REWARD, "reward pool: weighted sources, per-task recipes")
     critic: CriticConfig = option(CriticConfig(), "value model (PPO with GAE)")
+    tools: ToolsConfig = option(ToolsConfig(), "multi-turn rollouts with tools (docs/tools.md); none by default")
     optim: OptimConfig = option(OptimConfig(lr=1e-6), "AdamW and learning-rate schedule")
     strategy: StrategyConfig = option(StrategyConfig(), "single process, FSDP2 or DeepSpeed")
     train: PolicyTrainLoopConfig = option(

@@ -15,6 +15,7 @@ import torch
 
 from data_pipelines.collate import EncodedPrompt, model_inputs
 from data_pipelines.records import PromptRecord
+from eval.runner import turn_log
 from vlrft.algorithms import (
     compute_advantages,
     entropy_from_logits,
@@ -91,7 +92,8 @@ class Experience:
         return int(self.response_ids.shape[0])
 
     def sample_rows(self, limit: int) -> list[dict[str, Any]]:
-        """The first ``limit`` trajectories as log rows: prompt, answer, images, response, rewards, advantage."""
+        """The first ``limit`` trajectories as log rows: prompt, answer, images, response, rewards, advantage (and
+        of a multi-turn one its turns: text, calls, observations with their image counts)."""
         rows = [(g.record, x) for g in self.groups for x in g.rollouts][:limit]
         return [
             {
@@ -104,6 +106,7 @@ class Experience:
                 "rewards": {k: float(v[i]) for k, v in self.per_source.items()},
                 "reward": float(self.rewards[i]),
                 "advantage": float(self.advantages[i, 0]) if self.advantages.shape[1] else 0.0,
+                **(turn_log(x.trajectory) if x.trajectory is not None else {}),
             }
             for i, (rec, x) in enumerate(rows)
         ]
@@ -122,6 +125,8 @@ class Experience:
         if "prompt_index" in b:
             out["prompt_index"] = b["prompt_index"][index]
         out["response_lengths"] = b["response_lengths"][index]
+        if "response_images" in b:
+            out["response_images"] = b["response_images"][index]
         if "pixel_values" in b:
             out.update(sample_images(b, idx))
         rlen = int(out["response_lengths"].max()) if len(idx) else 0
@@ -321,12 +326,41 @@ def advantage_metrics(advantages: torch.Tensor, mask: torch.Tensor) -> dict[str,
     return {"advantages/mean": float(on_response.mean()), "advantages/abs_mean": float(on_response.abs().mean())}
 
 
-def response_tensors(responses: list[torch.Tensor], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``[N, R]`` padded response ids and their mask."""
+def response_tensors(
+    responses: list[torch.Tensor], pad_id: int, action_masks: list[torch.Tensor | None] | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[N, R]`` padded response ids and their mask: 1 on the tokens the policy sampled (every response token, or
+    where given a trajectory's ``action_mask``: tool observations and template tokens are not trained)."""
     r = max(1, max(x.numel() for x in responses))
     ids = torch.full((len(responses), r), pad_id, dtype=torch.long)
     mask = torch.zeros((len(responses), r), dtype=torch.long)
     for i, x in enumerate(responses):
         ids[i, : x.numel()] = x
-        mask[i, : x.numel()] = 1
+        given = action_masks[i] if action_masks is not None else None
+        mask[i, : x.numel()] = given if given is not None else 1
     return ids, mask
+
+
+def score_rollouts(
+    pool: Any, records: list[PromptRecord], rollouts: list[Rollout], tools: Any
+) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, float]]:
+    """The pool's rewards of one generate call's rollouts (``prompt_index`` into ``records``): combined, per source
+    and the pool's metrics. A trajectory's sources see its whole conversation (``Sample.trajectory``; the response
+    is its last turn), and each of its calls adds ``tools.call_reward`` (ran) or ``tools.error_reward`` (failed)."""
+    recs = [records[r.prompt_index] for r in rollouts]
+    trajs = [r.trajectory for r in rollouts]
+    multi = any(t is not None for t in trajs)
+    out = pool.score(
+        recs, [r.text for r in rollouts], trajectories=[t.messages if t else None for t in trajs] if multi else None
+    )
+    combined, metrics = out.combined.float(), dict(out.metrics)
+    if multi and (tools.call_reward or tools.error_reward):
+        bonus = torch.tensor(
+            [
+                tools.call_reward * sum(t.calls.values()) + tools.error_reward * sum(t.errors.values()) if t else 0.0
+                for t in trajs
+            ]
+        )
+        combined = combined + bonus
+        metrics["reward/tool_calls"] = float(bonus.mean())
+    return combined, {k: v.float() for k, v in out.per_source.items()}, metrics

@@ -8,6 +8,7 @@ import torch
 from data_pipelines.records import PromptRecord
 from eval.benchmarks import user_benchmark
 from eval.runner import evaluate
+from vlrft.rollout.trajectories import TrajectoryRunner
 
 
 def heldout_eval(trainer, records: list[PromptRecord] | None = None) -> dict[str, float]:
@@ -21,21 +22,31 @@ def heldout_eval(trainer, records: list[PromptRecord] | None = None) -> dict[str
     records = records[: len(records) - len(records) % s.world_size]
     mine = records[s.rank :: s.world_size]
     bench = user_benchmark("heldout", trainer.accuracy_verifier, cfg.data.prompt_template)
-    metrics = evaluate(
-        trainer.strategy.unwrap(),
-        trainer.processor,
-        mine,
-        bench,
-        n=cfg.train.eval_n,
-        temperature=cfg.train.eval_temperature,
-        max_new_tokens=cfg.rollout.max_new_tokens,
-        batch_size=cfg.rollout.micro_rollout_batch_size,
-        seed=cfg.train.seed,
-        system_prompt=cfg.data.system_prompt or None,
-        engine=trainer.engine,
-    )
+    runs = {"": trainer.trajectories}
+    if trainer.trajectories is not None and cfg.tools.eval_without_tools:  # what the accuracy owes to the tools
+        runs["no_tools/"] = TrajectoryRunner(trainer.engine, trainer.processor, trainer.tools, cfg.tools, True)
+    metrics = {}
+    for prefix, trajectories in runs.items():
+        got = evaluate(
+            trainer.strategy.unwrap(),
+            trainer.processor,
+            mine,
+            bench,
+            n=cfg.train.eval_n,
+            temperature=cfg.train.eval_temperature,
+            max_new_tokens=cfg.rollout.max_new_tokens,
+            batch_size=cfg.rollout.micro_rollout_batch_size,
+            seed=cfg.train.seed,
+            system_prompt=cfg.data.system_prompt or None,
+            engine=trainer.engine,
+            trajectories=trajectories,
+        )
+        metrics.update({prefix + k: v for k, v in got.items() if prefix == "" or k != "num_problems"})
     keys = sorted(k for k, v in metrics.items() if isinstance(v, (int, float)) and k != "num_problems")
+    if s.distributed:  # a rank may lack a count (a tool none of its trajectories called): 0 there
+        keys = sorted(set().union(*s.all_gather_object(keys)))
     count = float(metrics["num_problems"])
-    totals = s.all_reduce(torch.tensor([count] + [float(metrics[k]) * count for k in keys], dtype=torch.float64), "sum")
+    values = [count] + [float(metrics.get(k, 0.0)) * count for k in keys]
+    totals = s.all_reduce(torch.tensor(values, dtype=torch.float64), "sum")
     n = max(1.0, float(totals[0]))
     return {"num_prompts": n, **{k: float(v) / n for k, v in zip(keys, totals[1:].tolist())}}

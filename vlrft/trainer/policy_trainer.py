@@ -18,6 +18,8 @@ import torch
 
 from data_pipelines.collate import collate_sequences, encode_prompt, tokenizer_of
 from data_pipelines.records import PromptRecord
+from eval.metrics import tool_summary
+from eval.runner import turn_log
 from vlrft.algorithms import (
     AdaptiveKLController,
     DynamicSamplingExhausted,
@@ -40,8 +42,10 @@ from vlrft.loop import Trainer
 from vlrft.nonfinite import NonFiniteGuard
 from vlrft.rollout import SamplingParams, make_engine, stack_rollout_logprobs
 from vlrft.rollout.base import vision_token_ids
+from vlrft.rollout.trajectories import TrajectoryRunner
 from vlrft.sampling import seeded_permutation
 from vlrft.strategies import Strategy
+from vlrft.tools import ToolBox
 from vlrft.tracking import append_jsonl
 from vlrft.trainer.collapse import CollapseMonitor
 from vlrft.trainer.config import PolicyTrainConfig
@@ -57,6 +61,7 @@ from vlrft.trainer.experience import (
     response_tensors,
     response_values,
     rollout_metrics,
+    score_rollouts,
 )
 
 
@@ -84,11 +89,13 @@ class PolicyTrainer(Trainer):
         total_steps: int | None = None,
         guard: NonFiniteGuard | None = None,
         log: Callable[[str], None] = print,
+        tools: ToolBox | None = None,
     ):
         """``accuracy``: (reward source, its verifier) whose score > 0.5 counts as a correct response.
         ``critic``: (value model, its own strategy) for PPO with GAE; its optimizer is built here.
         ``total_steps`` (the run's, ``vlrft.loop.Run.total_steps``; default ``train.max_steps``) sets the
-        learning-rate schedule; ``guard`` is the run's non-finite guard; ``log`` prints a console line."""
+        learning-rate schedule; ``guard`` is the run's non-finite guard; ``log`` prints a console line; ``tools``: the
+        run's tools (multi-turn rollouts, ``vlrft.rollout.trajectories``)."""
         self.cfg, self.strategy, self.processor = cfg, strategy, processor
         self.tokenizer = tokenizer_of(processor)
         self.pad_id = self.tokenizer.pad_token_id
@@ -123,6 +130,8 @@ class PolicyTrainer(Trainer):
             vllm=r.vllm,
             distributed=strategy.distributed,
         )
+        self.tools = tools
+        self.trajectories = TrajectoryRunner(self.engine, processor, tools, cfg.tools) if tools is not None else None
         a = cfg.algorithm
         self.kl_ctl = (
             AdaptiveKLController(a.kl_coef, a.kl_target, a.kl_horizon)
@@ -170,23 +179,29 @@ class PolicyTrainer(Trainer):
         """The next ``per_rank`` prompts of this rank, encoded once, sampled by the engine and scored."""
         records = self._next_prompts(per_rank * self.strategy.world_size)
         data = self.cfg.data
+        schemas = self.tools.schemas if self.tools is not None else None
         prompts = [
             encode_prompt(
-                self.processor, rec, system_prompt=data.system_prompt or None, prompt_template=data.prompt_template
+                self.processor,
+                rec,
+                system_prompt=data.system_prompt or None,
+                prompt_template=data.prompt_template,
+                tools=schemas,
             )
             for rec in records
         ]
-        rollouts = self.engine.generate(prompts, sampling)
+        if self.trajectories is not None:
+            rollouts = self.trajectories.run(records, prompts, sampling)
+            metrics.update(
+                tool_summary([{**turn_log(x.trajectory), "finish_reason": x.finish_reason} for x in rollouts])
+            )
+        else:
+            rollouts = self.engine.generate(prompts, sampling)
         t0 = time.perf_counter()
-        combined, per_source, pool_metrics = self._score(records, rollouts)
+        combined, per_source, pool_metrics = score_rollouts(self.reward_pool, records, rollouts, self.cfg.tools)
         metrics["time/reward"] = metrics.get("time/reward", 0.0) + time.perf_counter() - t0
         metrics.update({(k if k.startswith("time/") else f"reward_pool/{k}"): v for k, v in pool_metrics.items()})
         return group_rollouts(records, prompts, rollouts, combined, per_source)
-
-    def _score(self, records: list[PromptRecord], rollouts) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict]:
-        recs = [records[r.prompt_index] for r in rollouts]
-        out = self.reward_pool.score(recs, [r.text for r in rollouts])
-        return out.combined.float(), {k: v.float() for k, v in out.per_source.items()}, dict(out.metrics)
 
     def make_experience(self, metrics: dict[str, float]) -> Experience:
         """One rollout batch of this rank: ``rollout_batch_size / world_size`` scored groups. With DAPO's
@@ -235,9 +250,10 @@ class PolicyTrainer(Trainer):
         group_ids = torch.tensor([i for i, g in enumerate(groups) for _ in g.rollouts])
         rewards_t = torch.cat([g.rewards for g in groups])
         per_source_t = {k: torch.cat([g.per_source[k] for g in groups]) for k in groups[0].per_source}
-        responses = [x.response_ids for x in rollouts]
+        responses = [x.trajectory.response if x.trajectory is not None else x.response_ids for x in rollouts]
         batch = collate_sequences([g.prompt for g in groups], group_ids.tolist(), responses, self.pad_id)
-        response_ids, response_mask = response_tensors(responses, self.pad_id)
+        actions = [x.trajectory.action_mask if x.trajectory is not None else None for x in rollouts]
+        response_ids, response_mask = response_tensors([x.response_ids for x in rollouts], self.pad_id, actions)
 
         t0 = time.perf_counter()
         on_policy_single_pass = self._updates_per_step() == 1

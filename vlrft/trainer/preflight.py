@@ -32,6 +32,7 @@ from reward_models.sources import SOURCE_KINDS, check_source
 from vlrft.archs import VL_ARCHS
 from vlrft.config import ConfigError
 from vlrft.models.loading import PROCESSOR_FILES, TOKENIZER_FILES, check_model_folder, path_like  # noqa: F401
+from vlrft.tools import check_tools
 from vlrft.trainer.config import PolicyTrainConfig
 
 
@@ -170,6 +171,7 @@ def preflight_policy(cfg: PolicyTrainConfig, world: int | None = None) -> dict[s
         )
     check_template(cfg.data.prompt_template, "data.prompt_template")
     check_output_dir(cfg.train.output_dir, "train.output_dir", final="final")
+    check_tools(cfg.tools)
     vision = sees_images(cfg.model)
     if cfg.critic.path and cfg.algorithm.estimator.critic and not Path(cfg.critic.path).exists():
         if path_like(cfg.critic.path):
@@ -205,6 +207,8 @@ def preflight_supervised(cfg: Any) -> dict[str, SkipReport]:
     if cfg.model.path:
         check_model_folder(cfg.model.path, "model.path")
     dpo = hasattr(cfg, "dpo")
+    if not dpo:
+        check_tools(cfg.tools)
     reports = {}
     for key, source, kind in (
         ("data.train_source", cfg.data.train_source, "preference" if dpo else None),

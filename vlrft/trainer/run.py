@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from data_pipelines.collate import processor_image_kwargs
 from data_pipelines.formatting import judgment_as_prompt
 from data_pipelines.images import image_bounds
 from data_pipelines.readers import filter_by_prompt_length, read_records
@@ -19,6 +20,7 @@ from vlrft.config import ConfigError
 from vlrft.loop import Run, training_run
 from vlrft.models.loading import load_model
 from vlrft.strategies import make_strategy
+from vlrft.tools import ToolBox
 from vlrft.trainer.config import PolicyTrainConfig
 from vlrft.trainer.heldout import heldout_eval
 from vlrft.trainer.policy_trainer import PolicyTrainer
@@ -58,6 +60,8 @@ def load_prompt_records(
 
     vision = getattr(processor, "image_processor", None) is not None
     bounds = image_bounds(processor) if vision else {}
+    if cfg.tools.enabled:  # full resolution kept: tools cut from the originals (the processor resizes the prompt's)
+        bounds = {**bounds, "max_pixels": None}
     records, _ = read_records(
         source,
         kind=cfg.data.record_kind,
@@ -79,8 +83,9 @@ def train_policy(cfg: PolicyTrainConfig) -> dict[str, Any]:
 
 def _train_policy(cfg: PolicyTrainConfig, run: Run) -> dict[str, Any]:
     strategy = run.strategy
-    path = run.initial_model()
+    path = run.initial_model(tool_tokens=cfg.tools.enabled)
     model, processor = load_model(path, cfg.model.dtype)
+    tools = ToolBox(cfg.tools, processor_image_kwargs(processor)) if cfg.tools.enabled else None
     ref_model = None
     if cfg.algorithm.kl_coef > 0:
         ref_model, _ = strategy.prepare(load_model(path, cfg.model.dtype)[0], trainable=False)[:2]
@@ -94,6 +99,7 @@ def _train_policy(cfg: PolicyTrainConfig, run: Run) -> dict[str, Any]:
             cfg.data.on_bad_record,
             system_prompt=cfg.data.system_prompt or None,
             prompt_template=cfg.data.prompt_template,
+            tools=tools.schemas if tools is not None else None,
         )
 
     train_records = prompts(cfg.data.train_source, cfg.data.synthetic_train_size, cfg.train.seed)
@@ -132,9 +138,12 @@ def _train_policy(cfg: PolicyTrainConfig, run: Run) -> dict[str, Any]:
         total_steps=total,
         guard=run.guard,
         log=run.print,
+        tools=tools,
     )
     try:
         header = f"{len(train_records)} training prompts, {len(eval_records)} held-out prompts, "
         return run.fit(trainer, processor, total, header)
     finally:
         pool.close()
+        if tools is not None:
+            tools.close()

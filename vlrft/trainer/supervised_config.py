@@ -14,6 +14,7 @@ from vlrft.algorithms import LOSS_AGG_MODES, PREFERENCE_LOSSES
 from vlrft.config import option
 from vlrft.loop import DataSourceConfig, RunConfig
 from vlrft.strategies.base import OptimConfig, StrategyConfig
+from vlrft.tools import ToolsConfig
 from vlrft.tracking import LoggingConfig
 from vlrft.trainer.config import PolicyModelConfig
 
@@ -77,6 +78,9 @@ class SFTTrainConfig:
     model: PolicyModelConfig = option(PolicyModelConfig(), "the model to fine-tune")
     data: SupervisedDataConfig = option(SupervisedDataConfig(synthetic_train_size=256), "training and held-out data")
     sft: SFTLossConfig = option(SFTLossConfig(), "the loss")
+    tools: ToolsConfig = option(
+        ToolsConfig(), "tools listed in the system turn of tool trajectories; synthetic demonstrations call them"
+    )
     optim: OptimConfig = option(OptimConfig(lr=3e-3), "AdamW and learning-rate schedule")
     strategy: StrategyConfig = option(StrategyConfig(), "single process, FSDP2 or DeepSpeed; LoRA; frozen tower")
     train: SupervisedTrainConfig = option(

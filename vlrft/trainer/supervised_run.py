@@ -16,6 +16,7 @@ engine (both), held-out NLL on the demonstrations (SFT), implicit-reward prefere
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -29,7 +30,8 @@ from data_pipelines.chat import (
     pair_conversations,
     read_chat_records,
 )
-from data_pipelines.collate import model_inputs, tokenizer_of
+from data_pipelines.collate import model_inputs, processor_image_kwargs, tokenizer_of
+from data_pipelines.errors import DataError
 from data_pipelines.images import image_bounds
 from data_pipelines.readers import read_records
 from data_pipelines.records import PreferencePair, PromptRecord
@@ -41,7 +43,11 @@ from vlrft.config import ConfigError
 from vlrft.loop import Run, training_run
 from vlrft.models.loading import load_model
 from vlrft.rollout import make_engine
+from vlrft.rollout.trajectories import TrajectoryRunner
 from vlrft.supervised import SupervisedTrainer, steps_per_episode
+from vlrft.tools import CallError, ToolBox, ToolCall, format_tool_call
+from vlrft.tools.base import tool_message
+from vlrft.tools.builtin import view_of
 from vlrft.trainer.preflight import preflight_supervised
 from vlrft.trainer.supervised_config import DPOTrainConfig, SFTTrainConfig
 
@@ -88,7 +94,7 @@ def preference_pairs(source: str, size: int, seed: int, cfg: Any, processor: Any
     )
 
 
-def sft_records(cfg: SFTTrainConfig, processor: Any) -> list[ChatRecord]:
+def sft_records(cfg: SFTTrainConfig, processor: Any, tools: ToolBox | None = None) -> list[ChatRecord]:
     d = cfg.data
     task = synthetic_task(d.train_source)
     if task is None:
@@ -97,17 +103,32 @@ def sft_records(cfg: SFTTrainConfig, processor: Any) -> list[ChatRecord]:
             print(report.summary())
         return records
     prompts = make_prompt_records(task, d.synthetic_train_size, cfg.train.seed, **d.synthetic_options)
-    return [_demonstration(r, cfg) for r in prompts]
+    return [_demonstration(r, cfg, tools) for r in prompts]
 
 
-def _demonstration(record: PromptRecord, cfg: Any) -> ChatRecord:
+def _demonstration(record: PromptRecord, cfg: Any, tools: ToolBox | None = None) -> ChatRecord:
+    """The record answered by ``data.response_template``; with tools, a record whose task says which calls solve
+    it (``metadata["demonstration"]``) gets them first, each answered by the real tool (a tool trajectory)."""
     d = cfg.data
-    return chat_from_prompt(
+    chat = chat_from_prompt(
         record,
         d.response_template.format(answer=record.answer),
         system_prompt=d.system_prompt or None,
         prompt_template=d.prompt_template,
     )
+    calls = record.metadata.get("demonstration") if tools is not None else None
+    if not calls:
+        return chat
+    views = [view_of(im, tools.bounds) for im in record.images]
+    turns = []
+    for call in calls:
+        result = tools.run(ToolCall(call["name"], call["arguments"]), views)
+        if isinstance(result, CallError):
+            raise DataError(f"its demonstration's call failed: {result.message}").located(source=record.id)
+        turns += [{"role": "assistant", "content": [{"type": "text", "text": format_tool_call(**call)}]}]
+        turns += [tool_message(result)]
+        views += [view_of(im, tools.bounds) for im in result.images]
+    return replace(chat, messages=chat.messages[:-1] + turns + chat.messages[-1:])
 
 
 # -- log-probs ------------------------------------------------------------------------------------
@@ -120,17 +141,17 @@ def sequence_logprobs(module: Any, batch: dict, device: Any) -> tuple[torch.Tens
 
 
 class _Encoder:
-    """Encodes conversations once per record (cached) and collates them."""
+    """Encodes conversations once per record (cached) and collates them (``tools``: the schemas listed)."""
 
-    def __init__(self, processor: Any, max_length: int):
-        self.processor, self.max_length = processor, max_length
+    def __init__(self, processor: Any, max_length: int, tools: list[dict] | None = None):
+        self.processor, self.max_length, self.tools = processor, max_length, tools
         self.pad = tokenizer_of(processor).pad_token_id
         self.cache: dict[int, EncodedChat] = {}
 
     def chat(self, record: ChatRecord) -> EncodedChat:
         key = id(record)
         if key not in self.cache:
-            self.cache[key] = encode_chat(self.processor, record, self.max_length)
+            self.cache[key] = encode_chat(self.processor, record, self.max_length, self.tools)
         return self.cache[key]
 
     def collate(self, records: list[ChatRecord]) -> dict:
@@ -140,8 +161,9 @@ class _Encoder:
 class SFTTask:
     """Masked token NLL on assistant tokens; the loss unit is a target token (token-mean) or a sequence."""
 
-    def __init__(self, processor: Any, cfg: SFTTrainConfig, device: Any):
-        self.enc, self.mode, self.device = _Encoder(processor, cfg.data.max_length), cfg.sft.loss_agg_mode, device
+    def __init__(self, processor: Any, cfg: SFTTrainConfig, device: Any, tools: list[dict] | None = None):
+        self.enc = _Encoder(processor, cfg.data.max_length, tools)
+        self.mode, self.device = cfg.sft.loss_agg_mode, device
 
     def encode(self, records: list[ChatRecord]) -> dict:
         return self.enc.collate(records)
@@ -239,11 +261,15 @@ def _even_share(records: list, strategy: Any) -> list:
     return records[strategy.rank :: strategy.world_size]
 
 
-def greedy_accuracy(strategy: Any, processor: Any, records: list[PromptRecord], cfg: Any) -> dict[str, float]:
-    """Greedy held-out answer accuracy through the eval harness and an hf engine on the trained model."""
+def greedy_accuracy(
+    strategy: Any, processor: Any, records: list[PromptRecord], cfg: Any, tools: ToolBox | None = None
+) -> dict[str, float]:
+    """Greedy held-out answer accuracy through the eval harness and an hf engine on the trained model (with
+    ``tools``: trajectories, ``eval_max_new_tokens`` per turn)."""
     mine = _even_share(records, strategy)
     model = strategy.unwrap()
     engine = make_engine("hf", model, processor, synced=strategy.shards_parameters, micro_batch_size=16)
+    trajectories = TrajectoryRunner(engine, processor, tools, cfg.tools) if tools is not None else None
     metrics = run_eval(
         model,
         processor,
@@ -256,6 +282,7 @@ def greedy_accuracy(strategy: Any, processor: Any, records: list[PromptRecord], 
         seed=cfg.train.seed,
         system_prompt=cfg.data.system_prompt or None,
         engine=engine,
+        trajectories=trajectories,
     )
     total = strategy.all_reduce(
         torch.tensor([len(mine), metrics["accuracy"] * len(mine)], dtype=torch.float64), op="sum"
@@ -320,23 +347,28 @@ def train_sft(cfg: SFTTrainConfig) -> dict[str, Any]:
 
 def _train_sft(cfg: SFTTrainConfig, run: Run) -> dict[str, Any]:
     strategy = run.strategy
-    model, processor = load_model(run.initial_model(), cfg.model.dtype)
-    train = sft_records(cfg, processor)
-    if not train:
-        raise ConfigError(f"data.train_source={cfg.data.train_source!r}: no training conversations")
-    prompts = prompt_records(cfg, processor)
-    heldout = [_demonstration(r, cfg) for r in prompts if r.answer is not None]
-    total = run.total_steps(steps_per_episode(len(train), cfg.train.batch_size, strategy.world_size))
-    strategy.prepare(model, total_steps=total)
-    task = SFTTask(processor, cfg, strategy.device)
+    model, processor = load_model(run.initial_model(tool_tokens=cfg.tools.enabled), cfg.model.dtype)
+    tools = ToolBox(cfg.tools, processor_image_kwargs(processor)) if cfg.tools.enabled else None
+    try:
+        train = sft_records(cfg, processor, tools)
+        if not train:
+            raise ConfigError(f"data.train_source={cfg.data.train_source!r}: no training conversations")
+        prompts = prompt_records(cfg, processor)
+        heldout = [_demonstration(r, cfg, tools) for r in prompts if r.answer is not None]
+        total = run.total_steps(steps_per_episode(len(train), cfg.train.batch_size, strategy.world_size))
+        strategy.prepare(model, total_steps=total)
+        task = SFTTask(processor, cfg, strategy.device, tools.schemas if tools is not None else None)
 
-    def evaluate() -> dict[str, float]:
-        metrics = heldout_nll(strategy, task, heldout, cfg.train.eval_batch_size) if heldout else {}
-        return {**metrics, **greedy_accuracy(strategy, processor, prompts, cfg)}
+        def evaluate() -> dict[str, float]:
+            metrics = heldout_nll(strategy, task, heldout, cfg.train.eval_batch_size) if heldout else {}
+            return {**metrics, **greedy_accuracy(strategy, processor, prompts, cfg, tools)}
 
-    trainer = _trainer(run, task, train, evaluate if prompts else None)
-    header = f"sft: {len(train)} training conversations, {len(prompts)} held-out prompts, "
-    return run.fit(trainer, processor, total, header)
+        trainer = _trainer(run, task, train, evaluate if prompts else None)
+        header = f"sft: {len(train)} training conversations, {len(prompts)} held-out prompts, "
+        return run.fit(trainer, processor, total, header)
+    finally:
+        if tools is not None:
+            tools.close()
 
 
 def train_dpo(cfg: DPOTrainConfig) -> dict[str, Any]:
