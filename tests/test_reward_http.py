@@ -266,18 +266,24 @@ def test_a_killed_server_without_fallback_stops_the_run_naming_the_url(tiny_mode
     assert after_kill < 60, after_kill  # the tries' backoff (0.5 + 1 s) and one step, never a hang
 
 
-def test_a_server_that_is_not_there_stops_before_training(tmp_path):
+def test_a_server_that_is_not_there_stops_before_training(tmp_path, capsys):
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         url = f"http://127.0.0.1:{s.getsockname()[1]}"
     t0 = time.monotonic()
     with pytest.raises(RewardSourceError) as err:
         make_source(source_cfg(name="rm", kind="http", url=url, max_retries=1), CPU, False)
-    assert str(err.value) == (
+    why = (
         f"reward source 'rm' (http): {url}/health: connection failed (Connection refused) (after 2 tries); "
         "is vlrft serve-reward-model running there?"
     )
+    assert str(err.value) == why
     assert time.monotonic() - t0 < 10
+    # train-policy: preflight asks /health for the fields the source needs, before the run folder or a model
+    source = f"reward.sources=[{{name: rm, kind: http, url: '{url}', max_retries: 1}}]"
+    assert main(["train-policy", source, f"train.output_dir={tmp_path / 'run'}"]) == 2
+    assert capsys.readouterr().err == f"vlrft train-policy: reward source error: {why}\n"
+    assert not (tmp_path / "run").exists()
 
 
 # -- a server that hangs or misbehaves ---------------------------------------------------------------
