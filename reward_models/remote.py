@@ -8,17 +8,21 @@ Wire format (JSON). ``POST /score`` takes ``{"samples": [SAMPLE, ...]}`` where a
 the :class:`~reward_models.sources.Scores` of those samples: ``{"values": [...], "failed": {"INDEX": "why"},
 "extras": {...}}``. ``POST /verify`` (a source that grades on its own) answers one
 :class:`~reward_models.verifiers.VerifierResult` per sample, with its ``vote_key``. ``GET /health`` answers
-``{"name", "kind", "holds_model", "grades", "requests", "calls"}`` (the last two: ``/score`` requests
-answered and scoring calls made so far).
+``{"name", "kind", "holds_model", "grades", "needs", "requests", "calls"}`` (``needs``: the record fields the
+source reads, which the client's preflight checks in every record; the last two: ``/score`` requests answered
+and scoring calls made so far).
 
 Values travel as JSON numbers: a float32 reward is written as the float64 that holds it exactly and read
-back bit for bit. Images travel as lossless PNG, decoded on the server by
-:func:`~data_pipelines.images.load_image` (no resize): a source sees the pixels it would see in-process.
+back bit for bit. Replies are strict JSON (no NaN or Infinity): a sample whose value is not finite gets
+``null`` and its entry in ``failed`` (``non-finite reward nan``), so the client's fallback and counts apply.
+Images travel as lossless PNG, decoded on the server by :func:`~data_pipelines.images.load_image` (no resize):
+a source sees the pixels it would see in-process.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, fields
@@ -80,10 +84,17 @@ def decode_images(sample: Sample) -> None:
 
 
 def scores_json(scores: Scores) -> dict[str, Any]:
+    """Scores as strict JSON (RFC 8259 has no NaN or Infinity): a non-finite value travels as null and fails its
+    sample with the reason the pool gives in-process; a non-finite extra is left out."""
+    values = [float(v) for v in scores.values.detach().float().cpu().reshape(-1).tolist()]
+    failed = dict(scores.failed)
+    for i, v in enumerate(values):
+        if not math.isfinite(v):
+            failed.setdefault(i, f"non-finite reward {v}")
     return {
-        "values": [float(v) for v in scores.values.detach().float().cpu().reshape(-1).tolist()],
-        "failed": {str(i): why for i, why in scores.failed.items()},
-        "extras": {k: float(v) for k, v in scores.extras.items()},
+        "values": [v if math.isfinite(v) else None for v in values],
+        "failed": {str(i): failed[i] for i in sorted(failed)},
+        "extras": {k: float(v) for k, v in scores.extras.items() if math.isfinite(float(v))},
     }
 
 
@@ -92,20 +103,26 @@ def scores_from_json(obj: Any, n: int) -> Scores:
     if not isinstance(obj, dict) or not isinstance(obj.get("values"), list):
         raise ValueError(f"want an object with 'values' (a list of {n} numbers), got {_shown(obj)}")
     values, failed, extras = obj["values"], obj.get("failed", {}), obj.get("extras", {})
-    if len(values) != n or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+    if len(values) != n or not all(isinstance(v, (int, float, type(None))) and not isinstance(v, bool) for v in values):
         raise ValueError(f"'values' must be {n} numbers, got {_shown(values)}")
     if not isinstance(failed, dict) or not all(k.isdigit() and int(k) < n for k in failed):
         raise ValueError(f"'failed' must map sample indices below {n} to reasons, got {_shown(failed)}")
+    unexplained = [i for i, v in enumerate(values) if v is None and str(i) not in failed]
+    if unexplained:
+        raise ValueError(f"'values'[{unexplained[0]}] is null, but 'failed' does not say why")
     if not isinstance(extras, dict) or not all(isinstance(v, (int, float)) for v in extras.values()):
         raise ValueError(f"'extras' must map names to numbers, got {_shown(extras)}")
     return Scores(
-        torch.tensor(values, dtype=torch.float32),
+        torch.tensor([0.0 if v is None else v for v in values], dtype=torch.float32),
         {int(k): str(why) for k, why in failed.items()},
         {k: float(v) for k, v in extras.items()},
     )
 
 
 def result_json(result: VerifierResult, vote_key: str | None) -> dict[str, Any]:
+    """A verifier's result as strict JSON: a non-finite score travels as 0, not correct, the reason as ``error``."""
+    if not math.isfinite(result.score):
+        result = VerifierResult(0.0, result.extracted, False, result.format_ok, f"non-finite score {result.score}")
     return {**asdict(result), "vote_key": vote_key}
 
 

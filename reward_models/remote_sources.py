@@ -14,9 +14,10 @@ the URL and what happened; the pool then gives the source's ``fallback`` and cou
 
 ``http`` sends ``http_batch_size`` samples per request, images inline as PNG data URIs, and takes the served
 source's :class:`~reward_models.sources.Scores` as they are (its failed samples and extras too). It asks the
-server's ``/health`` when it starts (a server that does not answer stops the run before training, as a
-:class:`~reward_models.sources.RewardSourceError`), and grades responses on its own (``verifier()``) when the
-served source does, through ``/verify``.
+server's ``/health`` in preflight, for the record fields the served source needs (``needs``: checked in every
+record, as for a source in-process), and when it starts (a server that does not answer stops the run before
+training, as a :class:`~reward_models.sources.RewardSourceError`), and grades responses on its own
+(``verifier()``) when the served source does, through ``/verify``.
 
 ``openai_judge`` asks for one greedy chat completion per sample: the judge prompt of the ``grm`` kind (the
 system turn ``judge_system_prompt``, the user turn ``judge_template`` with the record's images at its
@@ -104,16 +105,22 @@ class HttpSource(RemoteSource):
 
     def __init__(self, cfg: Any, device: torch.device, offload: bool):
         super().__init__(cfg, device, offload)
-        reply = self.client.request("GET", f"{self.url}/health")
-        health = reply.data
-        if reply.error or not isinstance(health, dict) or not {"name", "kind", "grades"} <= set(health):
-            why = reply.error or f"{self.url}/health: not a reward server's reply: {str(health)[:120]}"
+        try:
+            self.health = served_health(self.client, self.url, cfg.name)
+        except RewardSourceError:
             self.client.close()
-            raise RewardSourceError(
-                f"reward source {cfg.name!r} (http): {why}; is vlrft serve-reward-model running there?"
-            )
-        self.health = health
+            raise
         self.unavailable = ""  # why the server's last request went unanswered ("" once one is answered)
+
+    @classmethod
+    def needs(cls, cfg: Any) -> set[str]:
+        """The record fields the served source reads, as the server's ``/health`` says (preflight checks them in
+        every record; a server that does not answer stops the run here, before anything loads)."""
+        client = HttpClient(cfg.timeout_s, cfg.max_retries, 1)
+        try:
+            return set(served_health(client, cfg.url.rstrip("/"), cfg.name).get("needs", []))
+        finally:
+            client.close()
 
     def _chunks(self, n: int) -> list[list[int]]:
         size = self.cfg.http_batch_size
@@ -137,6 +144,22 @@ class HttpSource(RemoteSource):
 
     def verifier(self) -> Verifier | None:
         return HttpVerifier(self) if self.health["grades"] else None
+
+
+def served_health(client: HttpClient, url: str, name: str) -> dict[str, Any]:
+    """The reward server's ``/health`` at ``url``; :class:`RewardSourceError` when it is not there or not one
+    (``needs``, when given, must be a list of field names)."""
+    reply = client.request("GET", f"{url}/health")
+    health, why = reply.data, reply.error
+    if not why and (not isinstance(health, dict) or not {"name", "kind", "grades"} <= set(health)):
+        why = f"{url}/health: not a reward server's reply: {str(health)[:120]}"
+    if not why:
+        needs = health.get("needs", [])
+        if not isinstance(needs, list) or not all(isinstance(f, str) for f in needs):
+            why = f"{url}/health: 'needs' must be a list of record field names, got {str(needs)[:120]}"
+    if why:
+        raise RewardSourceError(f"reward source {name!r} (http): {why}; is vlrft serve-reward-model running there?")
+    return health
 
 
 class HttpVerifier(Verifier):

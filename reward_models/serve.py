@@ -6,12 +6,16 @@ order, go to the source in calls of at most ``max_batch_size`` samples, one call
 model keeps it on its device between calls). Each reply holds its own samples' values and failures, and its
 share (by sample count) of the extras of the calls that scored them, so that counts add up across requests.
 A sample whose image cannot be decoded fails alone, with the reason; a request that is not the wire format
-is answered 400 with one line naming the field.
+is answered 400 with one line naming the field. Replies are strict JSON (a non-finite reward: null, and that
+sample failed with the reason). ``/health`` says which record fields the source needs (``needs``), for the
+client's preflight. There is no authentication: serve on loopback (the default) or a trusted network only.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import json
 import signal
 import socket
 import sys
@@ -57,6 +61,7 @@ class RewardServer:
         self.threads = ThreadPoolExecutor(max_workers=max(1, num_threads), thread_name_prefix="serve")
         source.executor = self.threads  # verifier sources check samples concurrently, as in the pool
         self.grader = source.verifier()
+        self.needs = sorted(type(source).needs(source.cfg))  # the record fields it reads (/health)
         self.queue: asyncio.Queue[_Pending] | None = None
         self.n_requests = self.n_calls = 0  # /score requests and source.score calls (batching merges requests)
 
@@ -80,12 +85,13 @@ class RewardServer:
 
     async def health(self, request: web.Request) -> web.Response:
         src = self.source
-        return web.json_response(
+        return _json_response(
             {
                 "name": src.name,
                 "kind": src.kind,
                 "holds_model": src.holds_model,
                 "grades": self.grader is not None,
+                "needs": self.needs,
                 "requests": self.n_requests,
                 "calls": self.n_calls,
             }
@@ -127,7 +133,7 @@ class RewardServer:
         for j, i in enumerate(ok):
             values[i] = pending.values[j]
         failed.update({ok[j]: why for j, why in pending.failed.items()})
-        return web.json_response(scores_json(Scores(torch.tensor(values), failed, pending.extras)))
+        return _json_response(scores_json(Scores(torch.tensor(values), failed, pending.extras)))
 
     async def verify(self, request: web.Request) -> web.Response:
         if self.grader is None:
@@ -138,7 +144,7 @@ class RewardServer:
             *(loop.run_in_executor(self.threads, self._verify, s) for s in samples if s is not None)
         )
         it = iter(results)
-        return web.json_response(
+        return _json_response(
             {"results": [{"exception": failed[i]} if s is None else next(it) for i, s in enumerate(samples)]}
         )
 
@@ -199,6 +205,12 @@ class RewardServer:
 
     def close(self) -> None:
         self.source.close()
+
+
+def _json_response(data: Any) -> web.Response:
+    """A reply in strict JSON: a NaN or Infinity left in ``data`` is a bug here (500), never a reply that strict
+    parsers refuse (``scores_json`` and ``result_json`` send non-finite values as null or 0, with the reason)."""
+    return web.json_response(data, dumps=functools.partial(json.dumps, allow_nan=False))
 
 
 def _decode(obj: Any, where: str) -> tuple[Sample | None, str, bool]:

@@ -109,8 +109,8 @@ def check_source(cfg: Any, key: str) -> None:
 # -- rule verifiers --------------------------------------------------------------------------------
 @source_kind("verifier")
 class VerifierSource(RewardSource):
-    """A registered rule verifier (``verifier:``, default the source's name) or a user's verifier function
-    (``verifier: path/to/file.py:name``); each sample is verified on its own, on the pool's verifier threads."""
+    """A registered rule verifier (``verifier:``, default the source's name; a function of the user's is
+    ``kind: function``); each sample is verified on its own, on the pool's verifier threads."""
 
     def __init__(self, cfg: Any, device: torch.device, offload: bool, executor: Any = None):
         super().__init__(cfg, device, offload)

@@ -54,6 +54,47 @@ def srm_dir(tiny_model, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def trained_judge(tiny_model, tmp_path_factory):
+    """``trained_judge(**sizes) -> Path``: a judge on ``tiny_model("qwen2_5_vl", **sizes)``, SFT-trained (through
+    train_reward_model) to answer yes for the candidate 'red' and no otherwise; built once per session and sizes."""
+    from data_pipelines.formatting import pointwise_judgment_record
+    from data_pipelines.synthetic import make_prompt_records
+    from reward_models.config import RewardModelTrainConfig
+    from reward_models.trainer import train_reward_model
+    from vlrft.config import load_config
+
+    cache: dict[tuple, Path] = {}
+
+    def get(**sizes) -> Path:
+        key = tuple(sorted(sizes.items()))
+        if key not in cache:
+            out = tmp_path_factory.mktemp("judge") / "grm_run"
+            prompts = make_prompt_records("color", 32, seed=7, num_colors=2)
+            records = [
+                pointwise_judgment_record(r, cand, correct=cand == "red") for r in prompts for cand in ("red", "green")
+            ]
+            overrides = [
+                "model.kind=grm",
+                f"model.path={tiny_model('qwen2_5_vl', **sizes)}",
+                f"train.output_dir={out}",
+                "train.max_steps=90",
+                "train.batch_size=8",
+                "optim.lr=3e-3",
+                "train.eval_every=0",
+                "train.log_every=20",
+                "logging.wandb=disabled",
+                "logging.tensorboard=false",
+                "logging.progress_bar=false",
+            ]
+            summary = train_reward_model(load_config(RewardModelTrainConfig, None, overrides), (records, records[:16]))
+            assert summary["eval_after"]["judgment_accuracy"] == 1.0
+            cache[key] = out / "final"
+        return cache[key]
+
+    return get
+
+
+@pytest.fixture(scope="session")
 def shared_data() -> Path:
     """``../shared/data`` (real GSM8K and Geometry3K examples); tests using it skip when it is absent."""
     if not SHARED_DATA.is_dir():

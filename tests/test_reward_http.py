@@ -1,20 +1,17 @@
-"""Reward models served over HTTP (issue 24, item 4): ``vlrft serve-reward-model`` serving a real tiny SRM and a
+"""Reward sources served over HTTP (issue 24): ``vlrft serve-reward-model`` serving a real tiny SRM, a judge and a
 rule verifier in its own process, ``kind: http`` scoring through it exactly as the source does in-process (a
-whole train-policy run ends bitwise equal), a server that dies, hangs or misbehaves giving the fallback (counted)
-or one line naming the URL, in bounded time; and ``kind: openai_judge`` against an OpenAI-compatible chat server
-(one written here with aiohttp, and ``vllm serve`` in the vllm suite)."""
+whole train-policy run ends bitwise equal), replies in strict JSON (a non-finite reward: null, that sample
+failed), preflight checking every record for the fields the served source needs, and a server that dies, hangs
+or misbehaves giving the fallback (counted) or one line naming the URL, in bounded time. ``kind: openai_judge``:
+tests/test_reward_openai_judge.py."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
+import math
 import re
-import select
-import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -23,18 +20,17 @@ import httpx
 import pytest
 import torch
 from aiohttp import web
-from launch import subprocess_env
+from reward_servers import LocalServer, Served, colour_samples, source_cfg
 from safetensors.torch import load_file
 
-from data_pipelines.formatting import JUDGE_SYSTEM_PROMPT, judgment_prompt
-from data_pipelines.images import load_image
-from data_pipelines.synthetic import make_prompt_records
-from reward_models.generative import parse_judgment
-from reward_models.pool import RewardPool, RewardPoolConfig, RewardSourceConfig, RewardSourceError
+from reward_models.pool import RewardPool, RewardPoolConfig, RewardSourceError
+from reward_models.remote import sample_json
 from reward_models.samples import samples_of
-from reward_models.sources import check_source, make_source
+from reward_models.sources import make_source
 from vlrft.cli import main
 from vlrft.config import ConfigError, load_config
+from vlrft.trainer.config import PolicyTrainConfig
+from vlrft.trainer.preflight import preflight_policy
 
 REPO = Path(__file__).resolve().parents[1]
 CPU = torch.device("cpu")
@@ -52,42 +48,6 @@ ACC = "reward_pool/reward/accuracy"  # the pool's metrics of the source named ac
 
 
 # -- a reward server in its own process -------------------------------------------------------------
-class Served:
-    """``python -m vlrft serve-reward-model ITEMS --port 0``, its URL read from the line it prints."""
-
-    def __init__(self, *items: str, args: tuple[str, ...] = ()):
-        command = [sys.executable, "-m", "vlrft", "serve-reward-model", *items, "--port", "0", "--device", "cpu"]
-        self.proc = subprocess.Popen(
-            [*command, *args],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=subprocess_env(),
-            cwd=REPO,
-            start_new_session=True,
-        )
-        line = self._line(deadline=time.monotonic() + 300)
-        found = re.fullmatch(r"serving reward source '(.+)' \((\w+)\) on (http://127\.0\.0\.1:\d+)", line)
-        assert found, (line, self.proc.stderr.read().decode() if self.proc.poll() is not None else "")
-        self.name, self.kind, self.url = found.groups()
-
-    def _line(self, deadline: float) -> str:
-        fd, buf = self.proc.stdout.fileno(), b""
-        while b"\n" not in buf and time.monotonic() < deadline:
-            if select.select([fd], [], [], 1.0)[0]:
-                chunk = os.read(fd, 4096)
-                if not chunk:
-                    break
-                buf += chunk
-        return buf.decode().strip()
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait()
-        self.proc.stdout.close()
-        self.proc.stderr.close()
-
-
 @pytest.fixture(scope="module")
 def served_srm(srm_dir):
     server = Served("source.kind=srm", f"source.path={srm_dir}", "source.name=rm", "source.micro_batch_size=4")
@@ -102,23 +62,8 @@ def served_verifier():
     server.kill()
 
 
-def _samples(n_prompts: int = 3, seed: int = 5):
-    """Responses to synthetic colour records (each with its PIL image): right, wrong and rambling."""
-    records = make_prompt_records("color", n_prompts, seed=seed)
-    per = ["red", "green", "it is blue I think", "yellow"]
-    rows = [r for r in records for _ in per]
-    responses = [p for _ in records for p in per]
-    return rows, responses
-
-
-def _source(**fields) -> RewardSourceConfig:
-    cfg = RewardSourceConfig(**fields)
-    check_source(cfg, "reward.sources[0]")
-    return cfg
-
-
 def _health(url: str) -> dict:
-    src = make_source(_source(name="probe", kind="http", url=url), CPU, False)
+    src = make_source(source_cfg(name="probe", kind="http", url=url), CPU, False)
     src.close()
     return src.health
 
@@ -128,15 +73,15 @@ def _health(url: str) -> dict:
 def test_http_source_gives_the_rewards_of_the_same_source_in_process(kind, request, srm_dir):
     server = request.getfixturevalue(f"served_{kind}")
     local_cfg = (
-        _source(name="rm", kind="srm", path=str(srm_dir), micro_batch_size=4)
+        source_cfg(name="rm", kind="srm", path=str(srm_dir), micro_batch_size=4)
         if kind == "srm"
-        else _source(name="acc", kind="verifier", verifier="vocab_answer")
+        else source_cfg(name="acc", kind="verifier", verifier="vocab_answer")
     )
-    rows, responses = _samples()
+    rows, responses = colour_samples()
     samples = samples_of(rows, responses, [{"response_length": len(r)} for r in responses])
     assert all(len(s.images) == 1 for s in samples)
     local = make_source(local_cfg, CPU, False).score(samples)
-    remote_src = make_source(_source(name="remote", kind="http", url=server.url), CPU, False)
+    remote_src = make_source(source_cfg(name="remote", kind="http", url=server.url), CPU, False)
     try:
         remote = remote_src.score(samples)
     finally:
@@ -159,12 +104,12 @@ def test_http_source_gives_the_rewards_of_the_same_source_in_process(kind, reque
 def test_requests_arriving_together_are_scored_in_one_call(served_verifier):
     """Four requests of 3 samples sent at once (http_batch_size 3, 4 in flight) within the 300 ms window: one
     call of the source; the values those of one request of 12."""
-    rows, responses = _samples()
+    rows, responses = colour_samples()
     samples = samples_of(rows, responses)
     split = make_source(
-        _source(name="v", kind="http", url=served_verifier.url, http_batch_size=3, max_concurrency=4), CPU, False
+        source_cfg(name="v", kind="http", url=served_verifier.url, http_batch_size=3, max_concurrency=4), CPU, False
     )
-    whole = make_source(_source(name="v", kind="http", url=served_verifier.url), CPU, False)
+    whole = make_source(source_cfg(name="v", kind="http", url=served_verifier.url), CPU, False)
     try:
         before = split.client.request("GET", f"{split.url}/health").data
         got = split.score(samples)
@@ -321,56 +266,27 @@ def test_a_killed_server_without_fallback_stops_the_run_naming_the_url(tiny_mode
     assert after_kill < 60, after_kill  # the tries' backoff (0.5 + 1 s) and one step, never a hang
 
 
-def test_a_server_that_is_not_there_stops_before_training(tmp_path):
+def test_a_server_that_is_not_there_stops_before_training(tmp_path, capsys):
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         url = f"http://127.0.0.1:{s.getsockname()[1]}"
     t0 = time.monotonic()
     with pytest.raises(RewardSourceError) as err:
-        make_source(_source(name="rm", kind="http", url=url, max_retries=1), CPU, False)
-    assert str(err.value) == (
+        make_source(source_cfg(name="rm", kind="http", url=url, max_retries=1), CPU, False)
+    why = (
         f"reward source 'rm' (http): {url}/health: connection failed (Connection refused) (after 2 tries); "
         "is vlrft serve-reward-model running there?"
     )
+    assert str(err.value) == why
     assert time.monotonic() - t0 < 10
+    # train-policy: preflight asks /health for the fields the source needs, before the run folder or a model
+    source = f"reward.sources=[{{name: rm, kind: http, url: '{url}', max_retries: 1}}]"
+    assert main(["train-policy", source, f"train.output_dir={tmp_path / 'run'}"]) == 2
+    assert capsys.readouterr().err == f"vlrft train-policy: reward source error: {why}\n"
+    assert not (tmp_path / "run").exists()
 
 
 # -- a server that hangs or misbehaves ---------------------------------------------------------------
-class LocalServer:
-    """A real aiohttp server on 127.0.0.1 in a thread of the test process, recording what it received."""
-
-    def __init__(self, routes: list[web.RouteDef]):
-        self.received: list[dict] = []
-        self.headers: list[dict] = []
-        self.ready = threading.Event()
-        self.thread = threading.Thread(target=asyncio.run, args=(self._main(routes),), daemon=True)
-        self.thread.start()
-        assert self.ready.wait(30)
-
-    async def _main(self, routes: list[web.RouteDef]) -> None:
-        app = web.Application()
-        app.add_routes(routes)
-        runner = web.AppRunner(app, shutdown_timeout=0.5)  # a hanging handler is not waited for
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        self.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
-        self.loop, self.stopped = asyncio.get_running_loop(), asyncio.Event()
-        self.ready.set()
-        await self.stopped.wait()
-        await runner.cleanup()
-
-    async def record(self, request: web.Request) -> dict:
-        body = await request.json()
-        self.received.append(body)
-        self.headers.append(request.headers.copy())
-        return body
-
-    def stop(self) -> None:
-        self.loop.call_soon_threadsafe(self.stopped.set)
-        self.thread.join(10)
-
-
 HEALTH = {"name": "x", "kind": "srm", "holds_model": True, "grades": False}
 
 
@@ -411,7 +327,7 @@ def test_a_server_that_hangs_or_misbehaves_gives_the_fallback_counted(behaviour,
         ],
     )
     pool = RewardPool(cfg)
-    rows, responses = _samples(1)
+    rows, responses = colour_samples(1)
     t0 = time.monotonic()
     try:
         out = pool.score(rows, responses)
@@ -453,106 +369,86 @@ def test_a_server_that_hangs_or_misbehaves_gives_the_fallback_counted(behaviour,
 )
 def test_a_bad_remote_source_config_is_one_line(fields, message):
     with pytest.raises(ConfigError) as err:
-        _source(name="r", **fields)
+        source_cfg(name="r", **fields)
     assert str(err.value).startswith(message) and "\n" not in str(err.value), str(err.value)
 
 
-# -- (d) an OpenAI-compatible judge ------------------------------------------------------------------
-VERDICTS = {"red": "The colour is right. <answer>yes</answer>", "green": "<answer>no</answer>", "blue": "hmm"}
+# -- strict JSON -------------------------------------------------------------------------------------
+def _strict_json(text: str):
+    """``json.loads`` as a strict parser reads (RFC 8259 has no NaN or Infinity: refused)."""
+
+    def refuse(constant: str):
+        raise ValueError(f"not strict JSON: {constant}")
+
+    return json.loads(text, parse_constant=refuse)
 
 
-def test_openai_judge_parses_the_servers_verdicts_and_sends_the_image_inline(monkeypatch):
-    monkeypatch.setenv("VLRFT_TEST_JUDGE_KEY", "sk-test")
-
-    async def chat(request):
-        body = await server.record(request)
-        text = next(p["text"] for p in body["messages"][-1]["content"] if p["type"] == "text")
-        said = text.rsplit("Candidate answer: ", 1)[1]
-        return web.json_response(
-            {"choices": [{"index": 0, "message": {"role": "assistant", "content": VERDICTS[said]}}]}
-        )
-
-    server = LocalServer([web.post("/v1/chat/completions", chat)])
-    records = make_prompt_records("color", 2, seed=3)
-    responses = ["red", "green", "blue"]
-    rows = [records[0]] * 2 + [records[1]]
-    cfg = _source(
-        name="judge",
-        kind="openai_judge",
-        url=server.url,
-        model="tiny-judge",
-        api_key_env="VLRFT_TEST_JUDGE_KEY",
-        unparsable_reward=0.5,
-        max_new_tokens=16,
-    )
-    src = make_source(cfg, CPU, False)
+def test_a_non_finite_reward_travels_as_null_and_fails_that_sample_alone(trained_judge, capsys):
+    """A served judge whose unparsable judgments are worth NaN (``unparsable_reward: .nan``): the reply is strict
+    JSON, null where the judge's reward is NaN and the reason in ``failed``; through ``kind: http`` the pool gives
+    the fallback to those samples alone (counted), and the judge's verdicts to the others."""
+    judge = trained_judge()  # yes for the candidate 'red'; the rambling response's judgment is unparsable
+    fields = dict(name="judge", kind="grm", path=str(judge), unparsable_reward=math.nan, max_new_tokens=16)
+    server = Served(*(f"source.{k}={v}" for k, v in fields.items()))
     try:
-        scores = src.score(samples_of(rows, responses))
-    finally:
-        src.close()
-        server.stop()
-    assert scores.values.tolist() == [parse_judgment(VERDICTS["red"]), parse_judgment(VERDICTS["green"]), 0.5]
-    assert scores.values.tolist() == [1.0, 0.0, 0.5] and scores.failed == {}
-    assert scores.extras == {"errors": 0.0, "timeouts": 0.0, "unparsable": 1.0}
-    assert len(server.received) == 3
-    by_response = {b["messages"][-1]["content"][-1]["text"].rsplit(": ", 1)[1]: b for b in server.received}
-    for row, response in zip(rows, responses):
-        body = by_response[response]
-        assert body["model"] == "tiny-judge" and body["max_tokens"] == 16 and body["temperature"] == 0.0
-        system, user = body["messages"]
-        assert system == {"role": "system", "content": JUDGE_SYSTEM_PROMPT}
-        image, text = user["content"]  # no <image> placeholder in the prompt: the image first, as the grm kind
-        assert text == {"type": "text", "text": judgment_prompt(row.prompt, response)}
-        assert image["type"] == "image_url" and image["image_url"]["url"].startswith("data:image/png;base64,")
-        sent = load_image(image["image_url"]["url"], max_pixels=None)
-        assert sent.size == row.images[0].size and sent.tobytes() == row.images[0].tobytes()
-    assert {h.get("Authorization") for h in server.headers} == {"Bearer sk-test"}
-
-
-@pytest.mark.vllm
-@pytest.mark.skip(
-    reason="open (issue 24 item 4): vllm serve of the tiny Qwen2.5-VL judge fails on CPU before it listens: its "
-    "processor asks for a video processor the tiny models do not have (OSError 'Can't load video processor'); "
-    "importing vlrft.models in every server process (sitecustomize) and --limit-mm-per-prompt video 0 did not help"
-)
-def test_openai_judge_against_vllm_serve_gives_the_in_process_judges_rewards(tiny_model, tmp_path):
-    """``vllm serve`` of a tiny judge: the rewards of ``kind: openai_judge`` equal the ``grm`` kind's on the same
-    model (greedy judgments; vLLM and hf agree token for token on these models, tests/test_vllm_engine.py)."""
-    pytest.importorskip("vllm", reason="vLLM is not installed here: bash scripts/setup.sh --vllm")
-    judge = tiny_model("qwen2_5_vl", hidden=128, heads=2, kv_heads=2)  # head_dim 64: vLLM refuses 16
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(judge)]
-    command += ["--served-model-name", "judge", "--host", "127.0.0.1", "--port", str(port), "--enforce-eager"]
-    command += ["--max-model-len", "2048", "--gpu-memory-utilization", "0.3"]
-    log = open(tmp_path / "vllm.log", "wb")
-    proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=subprocess_env(), start_new_session=True)
-    try:
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline and proc.poll() is None:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=1):
-                    break
-            except OSError:
-                time.sleep(2)
-        assert proc.poll() is None, (tmp_path / "vllm.log").read_text()[-3000:]
-        rows, responses = _samples(2)
+        rows, responses = colour_samples(2)
         samples = samples_of(rows, responses)
-        local = make_source(_source(name="j", kind="grm", path=str(judge), max_new_tokens=8), CPU, False)
-        remote = make_source(
-            _source(name="j", kind="openai_judge", url=f"http://127.0.0.1:{port}", model="judge", max_new_tokens=8),
-            CPU,
-            False,
-        )
+        local = make_source(source_cfg(**fields), CPU, False).score(samples).values.tolist()
+        nan_at = [i for i, v in enumerate(local) if math.isnan(v)]
+        assert 0 < len(nan_at) < len(samples), local  # some judged, some not
+        with httpx.Client(timeout=300) as http:
+            reply = http.post(f"{server.url}/score", json={"samples": [sample_json(s) for s in samples]})
+        body = _strict_json(reply.text)
+        assert body["values"] == [None if math.isnan(v) else v for v in local]
+        assert body["failed"] == {str(i): "non-finite reward nan" for i in nan_at}
+        pool_cfg = [
+            f"sources=[{{name: judge, kind: http, url: '{server.url}', fallback: -0.5, max_failure_share: 1.0}}]",
+            "device=cpu",
+            "diagnostics_window=0",
+        ]
+        pool = RewardPool(load_config(RewardPoolConfig, None, pool_cfg))
         try:
-            want, got = local.score(samples), remote.score(samples)
+            out = pool.score(rows, responses)
         finally:
-            remote.close()
-        assert got.failed == {}
-        assert torch.equal(got.values, want.values)
-        assert got.extras["unparsable"] == want.extras["unparsable"]
+            pool.close()
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(60)
-        log.close()
+        server.kill()
+    assert out.per_source["judge"].tolist() == [-0.5 if math.isnan(v) else v for v in local]
+    assert {0.0, 1.0} <= set(out.per_source["judge"].tolist())  # the verdicts, parsed
+    assert out.metrics["reward/judge/failures"] == len(nan_at)
+    warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
+    assert warnings == [
+        f"warning: reward source 'judge' (http) failed on record '{rows[nan_at[0]].id}': {server.url}/score: "
+        "non-finite reward nan; given the fallback -0.5 (counted in reward/judge/failures)"
+    ]
+
+
+# -- preflight knows what a served source needs --------------------------------------------------------
+@pytest.mark.parametrize("served, field", [("verifier", "answer"), ("function", "vocabulary")])
+def test_preflight_checks_every_record_for_the_fields_the_served_source_needs(served, field, request, tmp_path, capsys):
+    """The served vocab_answer verifier needs the answer; the your-task example's function, served with
+    ``needs: [vocabulary]``, its metadata field: a record without it is one line naming file, line and field,
+    before anything loads."""
+    if served == "verifier":
+        server = request.getfixturevalue("served_verifier")
+    else:
+        reward = REPO / "examples" / "your_task" / "reward.py"
+        server = Served("source.kind=function", f"source.function={reward}:score", "source.needs=[vocabulary]")
+        request.addfinalizer(server.kill)
+    assert _health(server.url)["needs"] == [field]
+    good = {"id": "a", "prompt": "Which colour?", "answer": "red", "vocabulary": ["red", "green"]}
+    bad = {k: v for k, v in {**good, "id": "b"}.items() if k != field}
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in (good, good | {"id": "c"}, bad)))
+    source = f"reward.sources=[{{name: remote, kind: http, url: '{server.url}'}}]"
+    args = ["train-policy", f"data.train_source={data}", "data.eval_source=", "rollout.rollout_batch_size=1", source]
+    assert main([*args, f"train.output_dir={tmp_path / 'run'}"]) == 2
+    what = "no answer" if field == "answer" else f"no {field!r}"
+    assert capsys.readouterr().err == (
+        f"vlrft train-policy: data error: {data}:3 field {field!r}: record 'b' has {what}, which reward source "
+        f"'remote' (http {server.url}) needs\n"
+    )
+    assert not (tmp_path / "run").exists()  # refused before the model was built or the folder written
+    data.write_text("".join(json.dumps(r) + "\n" for r in (good, good | {"id": "c"})))
+    cfg = load_config(PolicyTrainConfig, None, [*args[1:], f"train.output_dir={tmp_path / 'run'}"])
+    assert preflight_policy(cfg, world=1)["data.train_source"].kept == 2

@@ -8,10 +8,8 @@ import pytest
 import torch
 from tolerance import assert_within
 
-from data_pipelines.formatting import pointwise_judgment_record
 from data_pipelines.records import PromptRecord
 from data_pipelines.synthetic import make_prompt_records
-from reward_models.config import RewardModelTrainConfig
 from reward_models.pool import PoolOutput, RewardPool, RewardPoolConfig, RewardSourceError, combine
 from reward_models.scalar import ScalarRewardModel, score_responses
 from vlrft.config import ConfigError, load_config
@@ -19,33 +17,9 @@ from vlrft.models.loading import load_processor
 
 
 @pytest.fixture(scope="module")
-def grm_dir(tiny_model, tmp_path_factory):
-    """A judge SFT-trained (through train_reward_model) to answer yes for the candidate 'red', no otherwise."""
-    from reward_models.trainer import train_reward_model
-
-    out = tmp_path_factory.mktemp("pool") / "grm_run"
-    prompts = make_prompt_records("color", 32, seed=7, num_colors=2)
-    records = [pointwise_judgment_record(r, cand, correct=cand == "red") for r in prompts for cand in ("red", "green")]
-    cfg = load_config(
-        RewardModelTrainConfig,
-        None,
-        [
-            "model.kind=grm",
-            f"model.path={tiny_model('qwen2_5_vl')}",
-            f"train.output_dir={out}",
-            "train.max_steps=90",
-            "train.batch_size=8",
-            "optim.lr=3e-3",
-            "train.eval_every=0",
-            "train.log_every=20",
-            "logging.wandb=disabled",
-            "logging.tensorboard=false",
-            "logging.progress_bar=false",
-        ],
-    )
-    summary = train_reward_model(cfg, (records, records[:16]))
-    assert summary["eval_after"]["judgment_accuracy"] == 1.0
-    return out / "final"
+def grm_dir(trained_judge):
+    """A judge that answers yes for the candidate 'red', no otherwise (conftest)."""
+    return trained_judge()
 
 
 def _batch():

@@ -249,6 +249,15 @@ class VLLMRolloutEngine:
         )
 
 
+def vllm_plugin() -> None:
+    """vLLM's general plugin hook (entry point ``vllm.general_plugins`` in pyproject.toml): vLLM calls it in each
+    process it runs, the OpenAI-compatible server's front end and its engine-core process included, so that
+    ``python -m vllm.entrypoints.openai.api_server`` (``vllm serve``) serves a Qwen-VL model without torchvision
+    (docs/reward-models.md). Where torchvision imports it changes nothing."""
+    if not torchvision_available():
+        _image_only_processors()
+
+
 def _image_only_processors() -> None:
     """vLLM builds a stock Qwen-VL processor itself (``processor_cls.from_pretrained``), which insists on a
     video processor, which needs torchvision. Without torchvision, hand it the image-only subclass (its

@@ -102,8 +102,9 @@ def sees_images(model: Any) -> bool:
 
 
 def record_check(pool: RewardPoolConfig, vision: bool, model_key: str) -> Callable[[PromptRecord], None]:
-    """The per-record rule of a run: each verifier that scores a record's task and needs a reference answer
-    finds one; a text-only model gets no images. Raises a ``DataError`` (located by the reader)."""
+    """The per-record rule of a run: each source that scores a record's task finds the fields it needs (its
+    ``needs``: the reference answer, metadata fields; a served source's as its server says); a text-only model
+    gets no images. Raises a ``DataError`` (located by the reader)."""
     for i, s in enumerate(pool.sources):
         check_source(s, f"reward.sources[{i}]")  # the kind's own rules: a model folder, a verifier, a function
     needs = {s.name: SOURCE_KINDS[s.kind].needs(s) for s in pool.sources}
@@ -111,8 +112,8 @@ def record_check(pool: RewardPoolConfig, vision: bool, model_key: str) -> Callab
 
     def check(record: PromptRecord) -> None:
         for s in _sources_for(pool, record.task):
+            what = SOURCE_KINDS[s.kind].describe(s)
             if "answer" in needs[s.name] and (record.answer is None or not str(record.answer).strip()):
-                what = SOURCE_KINDS[s.kind].describe(s)
                 raise DataError(
                     f"record {record.id!r} has no answer, which reward source {s.name!r} ({what}) needs",
                     category="missing answer",
@@ -121,7 +122,7 @@ def record_check(pool: RewardPoolConfig, vision: bool, model_key: str) -> Callab
             for field_name in sorted(needs[s.name] - {"answer"}):
                 if record.metadata.get(field_name) is None:
                     raise DataError(
-                        f"record {record.id!r} has no {field_name!r}, which reward source {s.name!r} needs (its needs)",
+                        f"record {record.id!r} has no {field_name!r}, which reward source {s.name!r} ({what}) needs",
                         category=f"missing {field_name}",
                         field=field_name,
                     )
