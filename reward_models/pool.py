@@ -221,9 +221,13 @@ class RewardPool:
             return dict(self.cfg.recipes["default"])
         return {s.name: s.weight for s in self.cfg.sources}
 
-    def score(self, records: list[PromptRecord], responses: list[str], extra: list[dict] | None = None) -> PoolOutput:
+    def score(
+        self, records: list[PromptRecord], responses: list[str], extra: list[dict] | None = None, diagnose: bool = True
+    ) -> PoolOutput:
         """Score sample ``i`` = (``records[i]``, ``responses[i]``). ``extra[i]`` (optional) adds keyword
-        arguments for the verifiers, e.g. ``{"response_length": 412}`` (tokens) for ``length_penalty``."""
+        arguments for the verifiers, e.g. ``{"response_length": 412}`` (tokens) for ``length_penalty``.
+        ``diagnose=False`` keeps the call out of the diagnostics' window (probes of made-up responses,
+        ``reward_models.probes``, must not move the reward-hacking alarm of the rollouts)."""
         if len(records) != len(responses) or (extra is not None and len(extra) != len(records)):
             raise ValueError(
                 f"{len(records)} records, {len(responses)} responses"
@@ -260,7 +264,7 @@ class RewardPool:
         for name, values in per_source.items():
             metrics.update(_stats(f"reward/{name}", values[rows[name]]))
         metrics.update(_stats("reward/combined", combined))
-        if self.diagnostics is not None:
+        if self.diagnostics is not None and diagnose:
             metrics.update(self.diagnostics.step(per_source, [r.id for r in records]))
         return PoolOutput(per_source, combined, metrics)
 
