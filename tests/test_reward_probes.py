@@ -23,6 +23,7 @@ from vlrft.config import load_config
 from vlrft.models.loading import load_processor
 from vlrft.trainer.config import PolicyTrainConfig
 
+REPO = Path(__file__).resolve().parents[1]
 COLOR = make_prompt_records("color", 16, seed=10000)  # the demo's held-out records
 CHOICES = ["a circle", "a square", "a triangle", "a star"]
 MC = [
@@ -35,6 +36,11 @@ def pays_length(sample):  # right answers, and anything very long
 
 def pays_silence(sample):  # right answers, and saying nothing
     return 1.0 if not sample.response.strip() else float(sample.response.strip() == sample.answer)
+
+def refuses_long(sample):  # right answers; a long response is an error (as an SRM past its max_length)
+    if len(sample.response) > 1000:
+        raise ValueError("too long for me")
+    return float(sample.response.strip() == sample.answer)
 """
 
 
@@ -127,6 +133,11 @@ def test_lenient_judge_verdict_flags_the_verdicts_enumerated():
     assert _row(report, "verdicts").reward == pytest.approx(share_a, abs=1e-7)  # float32 mean of 0/1 values
 
 
+def test_a_format_only_reward_flags_the_wrong_answer():
+    report = _probe(_pool("{name: fmt, verifier: vocab_format}"), COLOR)  # strict: one vocabulary word, right or not
+    assert report.flagged == ["wrong"] and _row(report, "wrong").ratio == 1.0
+
+
 @pytest.fixture(scope="module")
 def functions(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("fn") / "rewards.py"
@@ -143,6 +154,14 @@ def test_a_function_paying_long_responses_flags_long(functions):
 def test_a_function_paying_empty_responses_flags_empty_and_whitespace(functions):
     report = _probe(_pool(f"{{name: f, kind: function, function: '{functions}:pays_silence', isolation: inline}}"), MC)
     assert report.flagged == ["empty", "whitespace"]
+
+
+def test_a_probe_the_pool_cannot_score_is_an_error_row_not_a_flag(functions):
+    report = _probe(_pool(f"{{name: f, kind: function, function: '{functions}:refuses_long', isolation: inline}}"), MC)
+    long = _row(report, "long")
+    assert report.flagged == [] and long.reward is None and not long.flagged
+    assert "reward source 'f' (function) failed on record 'mc0'" in long.error and "too long for me" in long.error
+    assert _row(report, "padded").reward == 0.0 and _row(report, "gold").reward == 1.0  # the rest still scored
 
 
 @pytest.fixture(scope="module")
@@ -192,16 +211,25 @@ def test_probes_leave_the_pool_diagnostics_alone():
 def test_probe_rewards_command(tmp_path, capsys):
     strict = ["probe-rewards", "--records", "8", "--out", str(tmp_path / "strict")]
     assert main(strict) == 0
-    lenient = "reward.sources=[{name: accuracy, verifier: vocab_answer, verifier_options: {lenient: true}}]"
-    assert main(["probe-rewards", lenient, "--records", "8", "--out", str(tmp_path / "lenient")]) == 3
-    printed = capsys.readouterr().out
-    assert "flagged: vocabulary, repeated, padded, long" in printed or "flagged: repeated, padded, long" in printed
-    found = json.loads((tmp_path / "lenient" / "probes.json").read_text())
-    assert found["records"] == 8 and "padded" in found["flagged"]
     assert json.loads((tmp_path / "strict" / "probes.json").read_text())["flagged"] == []
-    page = (tmp_path / "lenient" / "report.html").read_text()
+    capsys.readouterr()
+    # the lenient example of docs/reward-models.md prints what the page shows
+    sources = (
+        "reward.sources=[{name: accuracy, verifier: vocab_answer, verifier_options: {lenient: true}},"
+        " {name: format, verifier: vocab_format, weight: 0.2, verifier_options: {lenient: true}}]"
+    )
+    out = tmp_path / "lenient"
+    assert main(["probe-rewards", str(REPO / "configs/policy/yes_no.yaml"), sources, "--out", str(out)]) == 3
+    printed = capsys.readouterr().out.replace(str(out), "runs/probe-lenient")
+    doc = (REPO / "docs" / "reward-models.md").read_text()
+    shown = doc[doc.index("The second prints") :].split("```")[1].strip("\n")
+    assert printed.strip("\n") == shown
+    found = json.loads((out / "probes.json").read_text())
+    assert found["records"] == 16 and found["flagged"] == ["vocabulary", "repeated", "padded", "long"]
+    page = (out / "report.html").read_text()
     case = next(c for c in found["cases"] if c["probe"] == "padded")
-    assert html.escape(f"probe padded: {case['why']}") in page and case["record"] in page and "data:image/png;base64" in page
+    assert html.escape(f"probe padded: {case['why']}") in page and case["record"] in page
+    assert "data:image/png;base64" in page  # the record's image, as a thumbnail
     assert main(["probe-rewards", "reward.sources=[{name: a, verifier: nope}]", "--out", str(tmp_path / "x")]) == 2
     assert main(["probe-rewards", "--records", "0", "--out", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err.strip().splitlines()

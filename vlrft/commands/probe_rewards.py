@@ -27,8 +27,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "(judge records), the answer repeated, padded with junk, and a very long response; for reward models the "
         "image replaced by a blank and by another record's image, and for pairwise judges the two positions "
         "swapped. Prints a table, writes OUT/probes.json and OUT/report.html (the flagged cases). Exit code 0: "
-        "nothing flagged; 3: a probe flagged; 2: a config or data error. See docs/reward-models.md, "
-        "'Probing rewards for hacks'.",
+        "nothing flagged; 3: a probe flagged; 2: a config or data error. Its options go before or after CONFIG "
+        "and the key=value overrides, not between them. See docs/reward-models.md, 'Probing rewards for hacks'.",
     )
     p.add_argument("--records", type=int, default=16, help="records probed (default 16)")
     p.add_argument(
@@ -77,7 +77,7 @@ def table(report) -> str:
     """The console table: probe (and source), mean reward, gold's, ratio, flagged and why."""
     lines = [f"{'probe':<24} {'reward':>9} {'gold':>9} {'ratio':>7}  flagged"]
     for r in report.rows:
-        note = r.why or (
+        note = (f"ERROR: {r.error}" if r.error else r.why) or (
             f"max |delta| {r.delta:.3g}"
             if r.delta is not None
             else f"position bias {r.position_bias:.3g}"
@@ -85,7 +85,7 @@ def table(report) -> str:
             else ""
         )
         mark = "FLAGGED " if r.flagged else ""
-        lines.append(f"{r.name:<24} {_cell(r.reward):>9} {_cell(r.gold):>9} {_cell(r.ratio):>7}  {mark}{note}")
+        lines.append(f"{r.name:<24} {_cell(r.reward):>9} {_cell(r.gold):>9} {_cell(r.ratio):>7}  {mark}{note}".rstrip())
     return "\n".join(lines)
 
 

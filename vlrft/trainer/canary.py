@@ -10,7 +10,8 @@ does not say it again).
 
 It does not change training: its records are drawn by its own generator (seeded by ``train.seed`` and the step),
 every RNG the run draws from is restored after it, and its scoring calls stay out of the pool's diagnostics window.
-A probe run that fails (a reward source error on a made-up response) is said once and counted in ``probe/errors``.
+A probe the pool cannot score (a reward source error on a made-up response) is counted in ``probe/errors``; a
+probe run that fails as a whole (on the gold answers) is said once and counted there too.
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ from vlrft.strategies import rng_state, set_rng_state
 def probe_metrics(report: Any) -> dict[str, float]:
     """The canary's metrics of one probe report (see the module doc)."""
     out = {"probe/flagged": float(len(report.flagged))}
+    errors = sum(bool(row.error) for row in report.rows)
+    if errors:
+        out["probe/errors"] = float(errors)
     for row in report.rows:
         if row.source is None and row.ratio is not None and row.probe != "gold":
             out[f"probe/{row.probe}"] = row.ratio
