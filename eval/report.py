@@ -73,7 +73,8 @@ def render_report(
 ) -> str:
     """The HTML page: metrics, then per problem its images, prompt, reference and every response with
     its extracted answer marked right or wrong (a trajectory: each turn, with the images tools returned,
-    ``turn_images[(id, response index)]``). A problem counts as right when any response is correct."""
+    ``turn_images[(id, response index)]``). A problem counts as right when any response is correct.
+    A row may name its own ``heading`` (instead of "k/n correct") and a response its own ``mark``."""
     images = {r.id: list(r.images) for r in records}
     esc = html.escape
     parts = [
@@ -87,13 +88,15 @@ def render_report(
     for row in rows:
         right = row["num_correct"] > 0
         parts.append(f"<div class='problem {'right' if right else 'wrong'}'>")
-        parts.append(f"<h3>{esc(str(row['id']))} — {row['num_correct']}/{len(row['responses'])} correct</h3>")
+        heading = row.get("heading") or f"{row['num_correct']}/{len(row['responses'])} correct"
+        parts.append(f"<h3>{esc(str(row['id']))} — {esc(heading)}</h3>")
         for img in images.get(row["id"], []):
             uri = image_data_uri(img)
             parts.append(f"<img src='{uri}' alt='problem image'>" if uri else "<p>(image could not be read)</p>")
         parts.append(f"<b>Prompt</b><pre>{esc(row['prompt'])}</pre><b>Reference:</b> {esc(str(row['answer']))}")
         for i, resp in enumerate(row["responses"]):
-            mark = "<span class='ok'>✓ right</span>" if resp["correct"] else "<span class='bad'>✗ wrong</span>"
+            label = resp.get("mark") or ("✓ right" if resp["correct"] else "✗ wrong")
+            mark = f"<span class='{'ok' if resp['correct'] else 'bad'}'>{esc(label)}</span>"
             extracted = esc(str(resp["extracted"])) if resp["extracted"] is not None else "<i>none</i>"
             err = f" ({esc(resp['error'])})" if resp.get("error") else ""
             head = f"<p><b>Response {i + 1}</b> — extracted: {extracted} {mark}{err}</p>"

@@ -227,10 +227,13 @@ class RewardPool:
         responses: list[str],
         extra: list[dict] | None = None,
         trajectories: list[list[dict] | None] | None = None,
+        diagnose: bool = True,
     ) -> PoolOutput:
         """Score sample ``i`` = (``records[i]``, ``responses[i]``). ``extra[i]`` (optional) adds keyword
         arguments for the verifiers, e.g. ``{"response_length": 412}`` (tokens) for ``length_penalty``;
-        ``trajectories[i]`` the conversation after the prompt of a multi-turn response (``Sample.trajectory``)."""
+        ``trajectories[i]`` the conversation after the prompt of a multi-turn response (``Sample.trajectory``).
+        ``diagnose=False`` keeps the call out of the diagnostics' window (probes of made-up responses,
+        ``reward_models.probes``, must not move the reward-hacking alarm of the rollouts)."""
         if len(records) != len(responses) or (extra is not None and len(extra) != len(records)):
             raise ValueError(
                 f"{len(records)} records, {len(responses)} responses"
@@ -267,7 +270,7 @@ class RewardPool:
         for name, values in per_source.items():
             metrics.update(_stats(f"reward/{name}", values[rows[name]]))
         metrics.update(_stats("reward/combined", combined))
-        if self.diagnostics is not None:
+        if self.diagnostics is not None and diagnose:
             metrics.update(self.diagnostics.step(per_source, [r.id for r in records]))
         return PoolOutput(per_source, combined, metrics)
 

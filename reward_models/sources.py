@@ -11,6 +11,8 @@ per sample, the samples it failed on (with why), and named extra values the pool
   runs the others concurrently, and the diagnostics compare the two groups);
 - ``verifier()``: a :class:`~reward_models.verifiers.Verifier` that gives the same scores, for sources that can
   grade a response on their own (the held-out accuracy and ``vlrft eval`` use it), else None.
+- ``compare(items)``: preferences between two responses, for sources that compare (pairwise judges), else None
+  (the swap probe of ``reward_models.probes`` asks both orders).
 
 A new kind is one class registered with :func:`source_kind`; the pool, preflight and the trainers need no
 change. Built in: ``verifier`` (rule verifiers), ``srm`` (scalar reward model), ``grm`` (generative judge,
@@ -21,8 +23,9 @@ server; both ``reward_models.remote_sources``).
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar
+from typing import Any, Callable, ClassVar, Iterator
 
 import torch
 
@@ -89,6 +92,11 @@ class RewardSource:
         raise NotImplementedError
 
     def verifier(self) -> Any:
+        return None
+
+    def compare(self, items: list[tuple[str, list, str, str]]) -> list[float] | None:
+        """Preferences for ``a`` over ``b`` (1, 0.5, 0) of ``(prompt, images, a, b)`` items, for sources that
+        compare two responses (pairwise judges: ``reward_models.probes`` swaps the order); None for the others."""
         return None
 
     def close(self) -> None:
@@ -171,19 +179,25 @@ class ModelSource(RewardSource):
     def parameter_device(self) -> torch.device:
         return next(self.model.parameters()).device
 
-    def score(self, samples: list[Sample]) -> Scores:
+    @contextmanager
+    def on_device(self) -> Iterator[None]:
+        """The model on the scoring device for the block (and back to CPU memory after it, with offload)."""
         if not self.resident:
             self.model.to(self.device)
             self.resident = True
             self.n_loads += 1
         self.scored_on.append(str(self.parameter_device))
         try:
-            return self._score(samples)
+            yield
         finally:
             if self.offload:
                 self.model.to("cpu")  # a no-op copy on CPU-only machines; the bookkeeping is the same
                 self.resident = False
                 self.n_offloads += 1
+
+    def score(self, samples: list[Sample]) -> Scores:
+        with self.on_device():
+            return self._score(samples)
 
     def _score(self, samples: list[Sample]) -> Scores:
         raise NotImplementedError
@@ -227,6 +241,12 @@ class JudgeSource(ModelSource):
     @classmethod
     def needs(cls, cfg: Any) -> set[str]:
         return {"answer"} if cfg.judge_mode == "pairwise" and cfg.pairwise_against == "reference" else set()
+
+    def compare(self, items: list[tuple[str, list, str, str]]) -> list[float] | None:
+        if self.pairwise is None:
+            return None
+        with self.on_device():
+            return self.pairwise.compare(items, self.cfg.micro_batch_size)
 
     def _score(self, samples: list[Sample]) -> Scores:
         c = self.cfg

@@ -14,7 +14,7 @@ import yaml
 from vlrft.cli import build_parser, main
 from vlrft.commands import config_from_args
 
-CONFIG_COMMANDS = ["train-policy", "train-sft", "train-dpo", "train-reward-model"]
+CONFIG_COMMANDS = ["train-policy", "train-sft", "train-dpo", "train-reward-model", "probe-rewards"]
 KEY_LINE = re.compile(r"^  (\S+) \((.*)$")
 
 

@@ -3,42 +3,9 @@ does to a judge with pure position bias (one SFT-trained to always answer A): ha
 
 from __future__ import annotations
 
-import pytest
-
-from data_pipelines.formatting import pairwise_judgment_record
 from data_pipelines.synthetic import make_prompt_records
-from reward_models.config import RewardModelTrainConfig
 from reward_models.pool import RewardPool, RewardPoolConfig
-from reward_models.trainer import train_reward_model
 from vlrft.config import load_config
-
-
-@pytest.fixture(scope="module")
-def always_a_judge(tiny_model, tmp_path_factory):
-    """A pairwise judge trained through train_reward_model's judge SFT path to answer A whatever it sees."""
-    out = tmp_path_factory.mktemp("pairwise") / "judge"
-    prompts = make_prompt_records("color", 16, seed=3, num_colors=2)
-    records = [pairwise_judgment_record(r, a, b, "A") for r in prompts for a, b in (("red", "green"), ("green", "red"))]
-    cfg = load_config(
-        RewardModelTrainConfig,
-        None,
-        [
-            "model.kind=grm",
-            "judge.mode=pairwise",
-            "judge.max_new_tokens=12",
-            f"model.path={tiny_model('qwen2_5_vl')}",
-            f"train.output_dir={out}",
-            "train.max_steps=30",
-            "train.batch_size=8",
-            "optim.lr=3e-3",
-            "train.eval_every=0",
-            "logging.wandb=disabled",
-            "logging.tensorboard=false",
-            "logging.progress_bar=false",
-        ],
-    )
-    assert train_reward_model(cfg, (records, records[:8]))["eval_after"]["judgment_accuracy"] == 1.0
-    return out / "final"
 
 
 def _pool(judge, **options) -> RewardPool:

@@ -48,6 +48,7 @@ COMMANDS = [
     "vlrft.commands.train_reward_model",
     "vlrft.commands.eval_reward_model",
     "vlrft.commands.serve_reward_model",
+    "vlrft.commands.probe_rewards",
 ]
 
 

@@ -64,6 +64,8 @@ RESUMABLE_CHANGES = (
     "train.eval_max_new_tokens",
     "train.max_eval_records",
     "train.log_samples",
+    "train.probe_every",
+    "train.probe_records",
     "logging.",
     "strategy.timeout_s",
     "strategy.heartbeat_timeout_s",

@@ -7,25 +7,18 @@ import argparse
 from pathlib import Path
 from typing import Any, Callable
 
-from vlrft.config import describe, file_keys, input_paths, load_config, to_yaml
+from vlrft.config import ConfigError, describe, file_keys, input_paths, load_config, to_yaml
 from vlrft.run_folder import check_clearable
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # where vlrft/ lies: embedded files are named from here
 
 
-def add_config_command(
-    sub: argparse._SubParsersAction,
-    name: str,
-    *,
-    schema: type,
-    default: str | Path | None,
-    help: str,
-    description: str,
-    train: Callable[[Any], object],
+def config_parser(
+    sub: argparse._SubParsersAction, name: str, *, schema: type, default: str | Path | None, help: str, description: str
 ) -> argparse.ArgumentParser:
-    """A subcommand taking ``[--print-config] [CONFIG.yaml ...] [key.sub=value ...]`` that runs
-    ``train(config)``; ``default`` is the embedded config used when no CONFIG is given. ``--help`` lists every
-    config key with the value a run without CONFIG gets."""
+    """A subcommand taking ``[--print-config] [CONFIG.yaml ...] [key.sub=value ...]`` (read them with
+    :func:`config_from_args`); ``default`` is the embedded config used when no CONFIG is given. ``--help`` lists
+    every config key with the value a run without CONFIG gets."""
     p = sub.add_parser(
         name,
         help=help,
@@ -46,6 +39,22 @@ def add_config_command(
         metavar="[CONFIG.yaml ...] [key=value ...]",
         help="optional YAML configs (later ones win), then dotted overrides such as train.max_steps=100",
     )
+    p.set_defaults(config_schema=schema, config_default=default)
+    return p
+
+
+def add_config_command(
+    sub: argparse._SubParsersAction,
+    name: str,
+    *,
+    schema: type,
+    default: str | Path | None,
+    help: str,
+    description: str,
+    train: Callable[[Any], object],
+) -> argparse.ArgumentParser:
+    """A training subcommand (:func:`config_parser`) that runs ``train(config)`` in ``train.output_dir``."""
+    p = config_parser(sub, name, schema=schema, default=default, help=help, description=description)
 
     def run(args: argparse.Namespace) -> int:
         cfg = config_from_args(schema, args.items, default)
@@ -58,7 +67,7 @@ def add_config_command(
         train(cfg)
         return 0
 
-    p.set_defaults(func=run, config_schema=schema, config_default=default)
+    p.set_defaults(func=run)
     return p
 
 
@@ -105,6 +114,13 @@ def config_help(schema: type, default: str | Path | None) -> str:
         marked = file_keys(path)
     lines = describe(schema, values=values, marked=marked, mark="demo")
     return "config keys (YAML or key.sub=value); " + header + ":\n" + "\n".join(lines)
+
+
+def check_flag_rules(*rules: tuple[str, Any, bool, str]) -> None:
+    """``(flag, value, ok, rule)`` rows: the first value that breaks its rule (or is NaN) is a one-line ConfigError."""
+    for flag, value, ok, rule in rules:
+        if not ok or value != value:  # NaN fails every rule
+            raise ConfigError(f"{flag} {value}: must be {rule}")
 
 
 def split_config_args(items: list[str]) -> tuple[list[str], list[str]]:

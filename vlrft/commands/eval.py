@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from vlrft.commands import check_flag_rules
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -78,9 +80,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def check_sampling_args(args: argparse.Namespace) -> None:
     """Sampling values that make no sense are refused before the model loads."""
-    from vlrft.config import ConfigError
-
-    rules = (
+    check_flag_rules(
         ("--temperature", args.temperature, args.temperature >= 0, ">= 0 (0: greedy)"),
         ("--top-p", args.top_p, 0 < args.top_p <= 1, "> 0 and <= 1"),
         ("--max-new-tokens", args.max_new_tokens, args.max_new_tokens >= 1, ">= 1"),
@@ -88,9 +88,6 @@ def check_sampling_args(args: argparse.Namespace) -> None:
         ("--batch-size", args.batch_size, args.batch_size >= 1, ">= 1"),
         ("--limit", args.limit, args.limit is None or args.limit >= 1, ">= 1"),
     )
-    for flag, value, ok, rule in rules:
-        if not ok or value != value:  # NaN fails every rule
-            raise ConfigError(f"{flag} {value}: must be {rule}")
 
 
 def check_tasks(records: list, bench, data: str) -> None:

@@ -197,6 +197,13 @@ class PolicyTrainLoopConfig(RunConfig):
     )
     collapse_steps: int = option(5, "answer-collapse alarm: ... for this many steps in a row", ge=1)
     log_samples: int = option(4, "trajectories written to samples.jsonl per step", ge=0)
+    probe_every: int = option(
+        0,
+        "reward canary: every N steps, the probes of vlrft probe-rewards on probe_records training records through "
+        "the run's pool (probe/* metrics, a console line when one is flagged); 0: off",
+        ge=0,
+    )
+    probe_records: int = option(4, "reward canary: training records probed each time", ge=1)
 
 
 @dataclass

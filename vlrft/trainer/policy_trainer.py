@@ -47,6 +47,7 @@ from vlrft.sampling import seeded_permutation
 from vlrft.strategies import Strategy
 from vlrft.tools import ToolBox
 from vlrft.tracking import append_jsonl
+from vlrft.trainer.canary import RewardCanary
 from vlrft.trainer.collapse import CollapseMonitor
 from vlrft.trainer.config import PolicyTrainConfig
 from vlrft.trainer.experience import (
@@ -105,6 +106,7 @@ class PolicyTrainer(Trainer):
         self.accuracy_source, self.accuracy_verifier = accuracy or (None, None)
         t = cfg.train
         self.collapse = CollapseMonitor(self.accuracy_verifier, t.collapse_share, t.collapse_steps, strategy, log)
+        self.canary = RewardCanary(reward_pool, train_records, t.probe_every, t.probe_records, t.seed, log)
         r = cfg.rollout
         if r.rollout_batch_size % strategy.world_size:
             raise ValueError(
@@ -464,6 +466,7 @@ class PolicyTrainer(Trainer):
         metrics["time/weight_sync"] = time.perf_counter() - t0
         self.steps_done = step + 1
         self._log_step(exp)
+        metrics.update(self.canary.step(self.steps_done))  # nothing unless train.probe_every says so
         return self._reduce_metrics(metrics)
 
     def evaluate(self) -> dict[str, float]:
@@ -477,6 +480,7 @@ class PolicyTrainer(Trainer):
             "normalizer": self.normalizer.state_dict() if self.normalizer is not None else None,
             "reward_pool": self.reward_pool.state_dict(),
             "collapse": self.collapse.state_dict(),
+            "canary": self.canary.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -485,6 +489,7 @@ class PolicyTrainer(Trainer):
             self.normalizer.load_state_dict(state["normalizer"])
         self.reward_pool.load_state_dict(state["reward_pool"])
         self.collapse.load_state_dict(state.get("collapse"))
+        self.canary.load_state_dict(state.get("canary"))
         self._sync_engine()  # an engine with its own weights still holds the initial ones
 
     def extra_strategies(self) -> dict[str, Any]:
