@@ -242,8 +242,13 @@ def _mark_color(
     light: int = 230,
     dark: int = 40,
     question: str = "What colour is the small mark?",
+    demo_zooms: int = 1,
 ) -> list[tuple]:
-    """A small mark's colour, readable only by zooming into its (lighter) quadrant; see the module doc."""
+    """A small mark's colour, readable only by zooming into its (lighter) quadrant; see the module doc.
+    ``demo_zooms`` 2: the demonstration zooms again into the centre of the first zoom's image (image 2), so that
+    tool trajectories return images in turns 2 and 3."""
+    if demo_zooms not in (1, 2):
+        raise ValueError(f"demo_zooms must be 1 or 2, got {demo_zooms}")
     names = list(colors or MARK_COLORS)
     half = image_size // 2
     if mark_size % 2 or mark_size > half - 8:
@@ -267,7 +272,8 @@ def _mark_color(
             "vocabulary": names,
             "region": region,
             "box": [x, y, x + mark_size, y + mark_size],
-            "demonstration": [{"name": "zoom", "arguments": {"region": region}}],
+            "demonstration": [{"name": "zoom", "arguments": {"region": region}}]
+            + [{"name": "zoom", "arguments": {"region": "center", "image": 2}}] * (demo_zooms - 1),
         }
         out.append((Image.fromarray(arr, "RGB"), question, answer, meta))
     return out

@@ -11,9 +11,9 @@ from typing import Any
 
 import torch
 
-from data_pipelines.collate import encode_prompt
+from data_pipelines.collate import EncodedPrompt, encode_prompt
 from vlrft.rollout import SamplingParams
-from vlrft.rollout.base import Trajectory
+from vlrft.rollout.base import Rollout, Trajectory
 from vlrft.rollout.trajectories import TrajectoryRunner
 
 
@@ -25,6 +25,36 @@ class Generation:
     )
     finish_reason: str  # "stop" (EOS) or "length" (max_new_tokens reached); trajectories also "budget", "max_turns"
     trajectory: Trajectory | None = None  # multi-turn rollouts with tools: the turns, calls and returned images
+
+
+def sample_rollouts(
+    engine: Any,
+    processor: Any,
+    records: list[Any],
+    sampling: SamplingParams,
+    *,
+    system_prompt: str | None,
+    prompt_template: str | None,
+    image_kwargs: dict[str, Any] | None = None,
+    trajectories: TrajectoryRunner | None = None,
+) -> tuple[list[EncodedPrompt], list[Rollout]]:
+    """The records encoded once each (their tools listed when ``trajectories`` runs them) and ``sampling.n`` rollouts
+    per record from ``engine``, or trajectories through the runner (on that engine): how the trainer and the
+    evaluation both sample."""
+    prompts = [
+        encode_prompt(
+            processor,
+            r,
+            system_prompt=system_prompt,
+            prompt_template=prompt_template,
+            image_kwargs=image_kwargs,
+            tools=trajectories.schemas if trajectories is not None else None,
+        )
+        for r in records
+    ]
+    if trajectories is not None:
+        return prompts, trajectories.run(list(records), prompts, sampling)
+    return prompts, engine.generate(prompts, sampling)
 
 
 def generate_with_engine(
@@ -47,26 +77,20 @@ def generate_with_engine(
     processor's own bounds). ``trajectories``: multi-turn rollouts with tools through that runner (on its engine)."""
 
     sample = temperature > 0
-    schemas = trajectories.schemas if trajectories is not None else None
-    prompts = [
-        encode_prompt(
-            processor,
-            r,
-            system_prompt=system_prompt,
-            prompt_template=prompt_template,
-            image_kwargs=image_kwargs,
-            tools=schemas or None,
-        )
-        for r in records
-    ]
     sampling = SamplingParams(n=n if sample else 1, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens)
     # the engine's sampler draws from the global CPU or current-GPU generator: fork both
     with torch.random.fork_rng(devices=[torch.cuda.current_device()] if torch.cuda.is_available() else []):
         torch.manual_seed(seed)
-        if trajectories is not None:
-            rollouts = trajectories.run(list(records), prompts, sampling)
-        else:
-            rollouts = engine.generate(prompts, sampling)
+        _, rollouts = sample_rollouts(
+            engine,
+            processor,
+            records,
+            sampling,
+            system_prompt=system_prompt,
+            prompt_template=prompt_template,
+            image_kwargs=image_kwargs,
+            trajectories=trajectories,
+        )
     results: list[list[Generation]] = [[] for _ in records]
     for r in rollouts:
         results[r.prompt_index].append(Generation(r.text, int(r.response_ids.numel()), r.finish_reason, r.trajectory))

@@ -39,7 +39,8 @@ from reward_models.verifiers import VerifierResult
 
 T = TypeVar("T")
 R = TypeVar("R")
-SAMPLE_FIELDS = tuple(f.name for f in fields(Sample))
+# a multi-turn trajectory (its PIL images) does not travel: a served source scores the last turn
+SAMPLE_FIELDS = tuple(f.name for f in fields(Sample) if f.name != "trajectory")
 REQUIRED_FIELDS = ("id", "prompt", "response")
 BACKOFF_S = 0.5  # the wait before retry k (k = 0, 1, ...) is BACKOFF_S * 2**k
 

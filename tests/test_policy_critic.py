@@ -15,7 +15,7 @@ from vlrft.models.loading import load_model
 from vlrft.rollout import Rollout
 from vlrft.strategies import make_strategy
 from vlrft.trainer.config import PolicyTrainConfig
-from vlrft.trainer.experience import group_rollouts
+from vlrft.trainer.experience import group_rollouts, score_rollouts
 from vlrft.trainer.policy_trainer import PolicyTrainer
 
 
@@ -58,7 +58,7 @@ def test_critic_fits_returns_and_gae_uses_its_values(tiny_model, tmp_path):
             ids = torch.tensor(tok(word)["input_ids"] + [7, 8][: i % 2 + 1] + [tok.eos_token_id])
             rollouts.append(Rollout(i, ids, tok.decode(ids, skip_special_tokens=True), "stop"))
     prompts = [encode_prompt(proc, r) for r in records]
-    combined, per_source, _ = trainer._score(records, rollouts)
+    combined, per_source, _ = score_rollouts(trainer.reward_pool, records, rollouts, trainer.cfg.tools)
     assert combined.tolist() == [1.0, 0.0] * 4
     exp = trainer.experience_from(group_rollouts(records, prompts, rollouts, combined, per_source), {})
     m = exp.response_mask.bool()

@@ -89,7 +89,7 @@ def _run(policy, cfg: ToolsConfig, n: int = 4, switched_off: bool = False, sampl
     box = ToolBox(cfg, processor_image_kwargs(processor))
     try:
         runner = TrajectoryRunner(make_engine("hf", model, processor), processor, box, cfg, switched_off)
-        records = make_prompt_records("mark_color", n, seed=7)
+        records = make_prompt_records("mark_color", n, seed=7, image_size=256)
         prompts = [encode_prompt(processor, r, tools=box.schemas) for r in records]
         return records, prompts, runner.run(records, prompts, sampling), box.schemas
     finally:
@@ -107,7 +107,8 @@ def test_trajectories_run_turn_by_turn_and_are_the_template_of_their_conversatio
         assert t.calls == {"zoom": 1} and t.errors == {} and len(t.turns) == 2, t.turns
         assert t.turns[0]["calls"][0]["name"] == "zoom" and t.turns[0]["observations"] == [{"text": "", "images": 1}]
         assert x.finish_reason == "stop" and x.text == t.turns[1]["text"]
-        assert t.num_images == 1 and t.response.images[0].size == (112, 112)  # a quadrant at the processor's most
+        most = processor.image_processor.size["longest_edge"]  # a quadrant at the most pixels the processor takes
+        assert t.num_images == 1 and t.response.images[0].size[0] ** 2 == most
         whole = encode_chat(processor, ChatRecord(record.id, prompt.messages + t.messages), tools=schemas)
         assert torch.equal(torch.cat([prompt.input_ids, x.response_ids]), whole.input_ids[:-1])
         assert torch.equal(torch.cat([prompt.pixel_values, t.response.pixel_values]), whole.pixel_values)
@@ -138,8 +139,9 @@ def test_a_failing_user_tool_is_an_observation_counted_within_the_time_limit(pol
         assert t.errors.get(kind, 0) >= 1 and t.calls == {}, (t.errors, t.turns)
         observed = t.turns[0]["observations"][0]["text"]
         assert observed.startswith("error: ") and says in observed, observed
-        # the policy saw the error and went on: it tried again or answered, and the run went on to its end
-        assert len(t.turns) >= 2 and x.finish_reason in ("stop", "max_turns"), (x.finish_reason, t.turns)
+        # the policy saw the error and went on (tried again, answered, or rambled to its turn limit: it never saw an
+        # error in its demonstrations); the run went on to its end
+        assert len(t.turns) >= 2 and x.finish_reason in ("stop", "max_turns", "length"), (x.finish_reason, t.turns)
 
 
 def test_a_working_user_tool_returns_text_and_an_image(policy, hostile):
@@ -216,7 +218,8 @@ def test_train_policy_trains_on_trajectories(policy, tool_policy, tmp_path):
 
 
 def test_vlrft_eval_runs_the_environment_with_and_without_tools_and_shows_each_turn(tool_policy, tmp_path, capsys):
-    data = write_prompt_records(make_prompt_records("mark_color", 4, seed=10000), tmp_path / "test.jsonl")
+    records = make_prompt_records("mark_color", 4, seed=10000, image_size=256)
+    data = write_prompt_records(records, tmp_path / "test.jsonl")
     out = tmp_path / "eval"
     args = ["eval", "--benchmark", "mark_color", "--verifier", "vocab_answer", "--model", str(tool_policy)]
     args += ["--data", str(data), "--tools", "zoom", "--max-turns", "3", "--max-new-tokens", "32", "--out", str(out)]

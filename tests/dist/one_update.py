@@ -22,7 +22,7 @@ from vlrft.models.loading import load_model
 from vlrft.rollout import Rollout
 from vlrft.strategies import make_strategy
 from vlrft.trainer.config import PolicyTrainConfig
-from vlrft.trainer.experience import group_rollouts
+from vlrft.trainer.experience import group_rollouts, score_rollouts
 from vlrft.trainer.policy_trainer import PolicyTrainer
 
 
@@ -54,7 +54,7 @@ def main() -> None:
             if rec in mine:
                 rollouts.append(Rollout(mine.index(rec), ids, tok.decode(ids, skip_special_tokens=True), "stop"))
     prompts = [encode_prompt(proc, r) for r in mine]
-    combined, per_source, _ = trainer._score(mine, rollouts)
+    combined, per_source, _ = score_rollouts(trainer.reward_pool, mine, rollouts, trainer.cfg.tools)
     metrics: dict = {}
     exp = trainer.experience_from(group_rollouts(mine, prompts, rollouts, combined, per_source), metrics)
     trainer.train_on(exp, metrics)

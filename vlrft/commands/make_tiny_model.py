@@ -18,6 +18,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         vision_hidden=64,
         vocab_size=1024,
         seed=0,
+        tool_tokens=False,
     )  # = TinySpec's defaults (tested)
     p = sub.add_parser(
         "make-tiny-model",
@@ -43,6 +44,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help=f"tokenizer size incl. special tokens (default {d.vocab_size})",
     )
     p.add_argument("--seed", type=int, default=d.seed, help=f"initialisation seed (default {d.seed})")
+    p.add_argument(
+        "--tool-tokens",
+        action="store_true",
+        help="Qwen's tool tokens (<tool_call> ...) and tool calls in the tokenizer's corpus, for tool use (docs/tools.md)",
+    )
     p.set_defaults(func=run)
 
 
@@ -58,6 +64,7 @@ def run(args: argparse.Namespace) -> int:
         kv_heads=args.kv_heads,
         vision_depth=args.vision_depth,
         vision_hidden=args.vision_hidden,
+        tool_tokens=args.tool_tokens,
         vocab_size=args.vocab_size,
         seed=args.seed,
     )

@@ -150,6 +150,18 @@ def make_optimizer(params, cfg: OptimConfig) -> torch.optim.Optimizer:
     )
 
 
+def mean_over_ranks(strategy: Any, metrics: dict[str, float], weight: float = 1.0, missing: str = "skip") -> dict:
+    """Metrics averaged over the ranks, each rank's weighted by ``weight`` (its count of prompts, say), over the union
+    of the ranks' keys (one collective shape everywhere). A key a rank lacks is left out of that key's mean
+    (``missing="skip"``: a figure undefined on its share) or counts as 0 (``"zero"``: a count of nothing)."""
+    if not strategy.distributed:
+        return dict(metrics)
+    keys = sorted(set().union(*strategy.all_gather_object(sorted(metrics))))
+    rows = [[metrics.get(k, 0.0) * weight, weight if k in metrics or missing == "zero" else 0.0] for k in keys]
+    total = strategy.all_reduce(torch.tensor(rows, dtype=torch.float64), "sum").tolist()
+    return {k: s / n for k, (s, n) in zip(keys, total) if n > 0}
+
+
 class Strategy:
     """Base class: distributed set-up, collectives, model preparation shared by all strategies."""
 

@@ -9,6 +9,7 @@ from data_pipelines.records import PromptRecord
 from eval.benchmarks import user_benchmark
 from eval.runner import evaluate
 from vlrft.rollout.trajectories import TrajectoryRunner
+from vlrft.strategies.base import mean_over_ranks
 
 
 def heldout_eval(trainer, records: list[PromptRecord] | None = None) -> dict[str, float]:
@@ -42,11 +43,8 @@ def heldout_eval(trainer, records: list[PromptRecord] | None = None) -> dict[str
             trajectories=trajectories,
         )
         metrics.update({prefix + k: v for k, v in got.items() if prefix == "" or k != "num_problems"})
-    keys = sorted(k for k, v in metrics.items() if isinstance(v, (int, float)) and k != "num_problems")
-    if s.distributed:  # a rank may lack a count (a tool none of its trajectories called): 0 there
-        keys = sorted(set().union(*s.all_gather_object(keys)))
     count = float(metrics["num_problems"])
-    values = [count] + [float(metrics.get(k, 0.0)) * count for k in keys]
-    totals = s.all_reduce(torch.tensor(values, dtype=torch.float64), "sum")
-    n = max(1.0, float(totals[0]))
-    return {"num_prompts": n, **{k: float(v) / n for k, v in zip(keys, totals[1:].tolist())}}
+    numeric = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and k != "num_problems"}
+    # a rank may lack a count (a tool none of its trajectories called): 0 there
+    reduced = mean_over_ranks(s, numeric, weight=count, missing="zero")
+    return {"num_prompts": float(s.all_reduce(torch.tensor(count), "sum")), **reduced}

@@ -16,8 +16,9 @@ from typing import Any, Callable
 
 import torch
 
-from data_pipelines.collate import collate_sequences, encode_prompt, tokenizer_of
+from data_pipelines.collate import collate_sequences, tokenizer_of
 from data_pipelines.records import PromptRecord
+from eval.generation import sample_rollouts
 from eval.metrics import tool_summary
 from eval.runner import turn_log
 from vlrft.algorithms import (
@@ -45,6 +46,7 @@ from vlrft.rollout.base import vision_token_ids
 from vlrft.rollout.trajectories import TrajectoryRunner
 from vlrft.sampling import seeded_permutation
 from vlrft.strategies import Strategy
+from vlrft.strategies.base import mean_over_ranks
 from vlrft.tools import ToolBox
 from vlrft.tracking import append_jsonl
 from vlrft.trainer.canary import RewardCanary
@@ -181,24 +183,19 @@ class PolicyTrainer(Trainer):
         """The next ``per_rank`` prompts of this rank, encoded once, sampled by the engine and scored."""
         records = self._next_prompts(per_rank * self.strategy.world_size)
         data = self.cfg.data
-        schemas = self.tools.schemas if self.tools is not None else None
-        prompts = [
-            encode_prompt(
-                self.processor,
-                rec,
-                system_prompt=data.system_prompt or None,
-                prompt_template=data.prompt_template,
-                tools=schemas,
-            )
-            for rec in records
-        ]
+        prompts, rollouts = sample_rollouts(
+            self.engine,
+            self.processor,
+            records,
+            sampling,
+            system_prompt=data.system_prompt or None,
+            prompt_template=data.prompt_template,
+            trajectories=self.trajectories,
+        )
         if self.trajectories is not None:
-            rollouts = self.trajectories.run(records, prompts, sampling)
             metrics.update(
                 tool_summary([{**turn_log(x.trajectory), "finish_reason": x.finish_reason} for x in rollouts])
             )
-        else:
-            rollouts = self.engine.generate(prompts, sampling)
         t0 = time.perf_counter()
         combined, per_source, pool_metrics = score_rollouts(self.reward_pool, records, rollouts, self.cfg.tools)
         metrics["time/reward"] = metrics.get("time/reward", 0.0) + time.perf_counter() - t0
@@ -366,7 +363,7 @@ class PolicyTrainer(Trainer):
         dt = time.perf_counter() - t0
         metrics.update({k: float(sum(v) / len(v)) for k, v in agg.items()})
         metrics["time/update"] = dt
-        # each rank's share of the global objective: the mean over ranks (_reduce_metrics) times the world size
+        # each rank's share of the global objective: the mean over ranks (step's metrics) times the world size
         metrics["train/loss"] = sum(losses) / len(losses) * s.world_size
         metrics["kl_coef"] = self.kl_ctl.value
         metrics["tokens_per_s/update"] = tokens / max(dt, 1e-9)
@@ -467,7 +464,7 @@ class PolicyTrainer(Trainer):
         self.steps_done = step + 1
         self._log_step(exp)
         metrics.update(self.canary.step(self.steps_done))  # nothing unless train.probe_every says so
-        return self._reduce_metrics(metrics)
+        return mean_over_ranks(self.strategy, metrics)  # a figure undefined on a rank's share is left out
 
     def evaluate(self) -> dict[str, float]:
         return self.evaluate_fn(self) if self.evaluate_fn is not None else {}
@@ -499,16 +496,6 @@ class PolicyTrainer(Trainer):
         """Wake the engine and hand it the updated weights (an in-process engine reads nothing)."""
         self.engine.wake()
         self.engine.update_weights(self.strategy.full_params(trainable_only=not self.engine.needs_all_params))
-
-    def _reduce_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
-        if not self.strategy.distributed:
-            return metrics
-        # a rank may lack a metric undefined on its share (pool diagnostics when all its groups tie): reduce
-        # over the union of keys, each the mean over the ranks that have it (one collective shape everywhere)
-        keys = sorted(set().union(*self.strategy.all_gather_object(sorted(metrics))))
-        vals = torch.tensor([[metrics.get(k, 0.0), float(k in metrics)] for k in keys], dtype=torch.float64)
-        total = self.strategy.all_reduce(vals, "sum").tolist()
-        return {k: s / n for k, (s, n) in zip(keys, total) if n > 0}
 
     def _log_step(self, exp: Experience) -> None:
         """Rank 0 (every rank draws the same global order): the step's prompt ids to ``data_order.jsonl`` and
