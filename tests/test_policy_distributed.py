@@ -72,6 +72,24 @@ def test_two_ranks_equal_one_process(tiny_model, tmp_path, single_update, strate
 
 
 @pytest.mark.distributed
+@pytest.mark.parametrize("strategy, stage, forward", [("fsdp2", "2", "shared"), ("deepspeed", "3", "plain")])
+def test_token_budget_micro_batches_keep_unequal_ranks_in_step(tiny_model, tmp_path, strategy, stage, forward):
+    """``train.micro_batch_tokens`` with ranks holding 8 and 6 samples: a budget of 1 token makes every sample its
+    own micro-batch, so rank 1 runs two zero-weight padding micro-batches (FSDP2 and ZeRO-3 gather parameters in
+    every forward: unequal counts would hang) and the update is the one process's with fixed micro-batches."""
+    model = tiny_model("qwen2_5_vl")
+    ref_file, out = tmp_path / "single.pt", tmp_path / f"{strategy}.pt"
+    _run([str(model), str(ref_file), "single", "2", "shared", "0", "uneven"], 1)
+    _run([str(model), str(out), strategy, stage, forward, "1", "uneven"], 2)
+    ref, got = torch.load(ref_file), torch.load(out)
+    assert got["samples_and_micro_batches"] == [(8, 8), (6, 8)]
+    assert ref["samples_and_micro_batches"] == [(14, 5)]
+    # the bound of test_two_ranks_equal_one_process (the same update, eps = 1e-4: slope <= 10)
+    diff = max((got["state"][k].double() - v.double()).abs().max().item() for k, v in ref["state"].items())
+    assert_within(diff, 1e-5, f"{strategy}-{forward} budget, uneven ranks: max |param difference| after one Adam step")
+
+
+@pytest.mark.distributed
 @pytest.mark.parametrize("strategy, stage", [("fsdp2", "2"), ("deepspeed", "3")])
 def test_train_policy_runs_under_torchrun(tiny_model, tmp_path, strategy, stage):
     """Generation on sharded parameters (lockstep), held-out eval, checkpoint and export under torchrun."""
