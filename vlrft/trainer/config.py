@@ -24,6 +24,7 @@ from vlrft.config import ConfigError, option
 from vlrft.loop import DataSourceConfig, RunConfig
 from vlrft.micro_batching import micro_batch_tokens_option
 from vlrft.models.loading import ModelConfig
+from vlrft.rollout.hf_engine import HFEngineConfig
 from vlrft.rollout.vllm_engine import VLLMConfig
 from vlrft.strategies.base import OptimConfig, StrategyConfig
 from vlrft.tracking import LoggingConfig
@@ -77,6 +78,7 @@ class RolloutConfig:
         choices=("hf", "vllm"),
     )
     vllm: VLLMConfig = option(VLLMConfig(), "the vLLM engine (rollout.engine=vllm)")
+    hf: HFEngineConfig = option(HFEngineConfig(), "the hf engine (rollout.engine=hf)")
     rollout_batch_size: int = option(16, "prompts per RL step (global, over all ranks)", ge=1)
     n_samples_per_prompt: int = option(8, "responses sampled per prompt (the group size)", ge=1)
     micro_rollout_batch_size: int = option(16, "prompts per generate call per rank", ge=1)

@@ -123,6 +123,7 @@ class PolicyTrainer(Trainer):
             synced=strategy.shards_parameters,
             micro_batch_size=r.micro_rollout_batch_size,
             vllm=r.vllm,
+            hf=r.hf,
             distributed=strategy.distributed,
         )
         a = cfg.algorithm
