@@ -173,7 +173,8 @@ class HFRolloutEngine:
         multimodal_rope = hasattr(inner, "rope_deltas")
         if multimodal_rope:
             inner.rope_deltas = None  # set by this prefill (image prompts) or zero (text positions above)
-        cache = getattr(self.model(**prefix, use_cache=True), CACHE)
+        # logits_to_keep=1: only the cache is kept, so the LM head runs on one position instead of every prompt token
+        cache = getattr(self.model(**prefix, use_cache=True, logits_to_keep=1), CACHE)
         cache.batch_repeat_interleave(n)
         if self.static_cache:
             cache = static_copy(cache, self.model.config, rep["input_ids"].shape[1] + new_tokens)
