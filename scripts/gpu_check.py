@@ -435,6 +435,7 @@ def main(argv: list[str] | None = None) -> dict | None:
         f"train.output_dir={args.out_dir}",
         "train.log_samples=1",
         "train.resume=never",
+        "train.overwrite=true",  # the run folder is this script's scratch (a cut run's leftovers are cleared)
         f"strategy.name={args.strategy}",
         f"strategy.zero_stage={args.zero_stage}",
         f"strategy.mixed_precision={args.mixed_precision}",

@@ -66,6 +66,7 @@ def main() -> None:
             continue
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=1", str(HERE / "gpu_check.py")]
         cmd += [*configs[name], *common, "--json-dir", str(a.json_dir), "--name", name]
+        cmd += ["--out-dir", str(a.json_dir / "runs" / name)]
         print(f"[gpu_sweep] {name}: {' '.join(cmd)}", flush=True)
         code = subprocess.run(cmd).returncode
         print(f"[gpu_sweep] {name}: exit code {code}", flush=True)
