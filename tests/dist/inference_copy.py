@@ -12,7 +12,7 @@ import json
 import sys
 
 import torch
-from vllm_sync import make_prompts, trainer_logprobs
+from vllm_sync import make_prompts, raise_likelihood, trainer_logprobs
 
 from vlrft.models.loading import load_model
 from vlrft.rollout import HFEngineConfig, SamplingParams, make_engine
@@ -48,11 +48,7 @@ def main() -> None:
     rollouts = copy.generate(prompts, SamplingParams(n=2, temperature=1.0, max_new_tokens=8))
     copy.sleep()  # the update gets the memory (on a GPU: the copy goes to CPU memory)
     strategy.train_module.train()
-    for _ in range(2):  # raise the likelihood of the samples: the policy moves
-        logp, mask = trainer_logprobs(strategy.train_module, processor, prompts, rollouts, 1.0, grad=True)
-        mask = mask.to(logp.device)
-        strategy.backward(-(logp * mask).sum() / mask.sum())
-        strategy.step()
+    raise_likelihood(strategy, processor, prompts, rollouts)  # two AdamW steps: the policy moves
     strategy.train_module.eval()
     copy.wake()
     report["stale"] = compare(copy, policy, strategy.train_module, processor, prompts)
