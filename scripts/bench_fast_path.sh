@@ -32,5 +32,5 @@ for row in "${rows[@]}"; do
   # shellcheck disable=SC2086
   PYTHONPATH="$tree" "$py" "$here/scripts/bench_grpo_step.py" "${bench[@]}" $overrides >"$out/$label.txt" 2>&1 || true
   git -C "$here" worktree remove --force "$tree"
-  echo "$label ($rev${overrides:+, $overrides}): $(grep -E '^(update|rollout)' "$out/$label.txt" | tr '\n' ' ')"
+  echo "$label ($rev${overrides:+, $overrides}): $(grep -E '^(fp32 GEMM|update|rollout)' "$out/$label.txt" | tr '\n' ' ')"
 done
