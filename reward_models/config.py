@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from vlrft.config import option
 from vlrft.loop import DataSourceConfig, RunConfig
+from vlrft.micro_batching import micro_batch_tokens_option
 from vlrft.models.loading import ModelConfig
 from vlrft.strategies.base import OptimConfig, StrategyConfig
 from vlrft.tracking import LoggingConfig
@@ -76,6 +77,7 @@ class RMTrainConfig(RunConfig):
     """The run (``vlrft.loop.RunConfig``), batches and held-out evaluation of a reward model."""
 
     batch_size: int = option(8, "pairs (srm) or records (grm) per step per process", ge=1)
+    micro_batch_tokens: int = micro_batch_tokens_option()
     eval_batch_size: int = option(16, "batch size for held-out evaluation", ge=1)
     max_eval_records: int = option(0, "cap on held-out records per evaluation (0: all)", ge=0)
 

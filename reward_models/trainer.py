@@ -102,6 +102,9 @@ class SRMTask:
     def units(self, batch: dict) -> float:
         return float(batch["tie"].numel())
 
+    def tokens(self, pair: Any) -> int:
+        return int(srm_batch(self.processor, [pair], self.cfg)["attention_mask"].sum())
+
     def loss(self, module: Any, batch: dict, total_units: float) -> tuple[torch.Tensor, dict]:
         rewards = module(**model_inputs(batch, self.device))
         b = batch["tie"].numel()
@@ -129,6 +132,9 @@ class GRMTask:
 
     def encode(self, records: list) -> dict:
         return grm_batch(self.processor, records, self.cfg)
+
+    def tokens(self, record: Any) -> int:
+        return int(grm_batch(self.processor, [record], self.cfg)["attention_mask"].sum())
 
     def units(self, batch: dict) -> float:
         labelled = (batch["labels"][:, 1:] != -100).double()
@@ -239,6 +245,7 @@ def _train(cfg: RewardModelTrainConfig, run: Run, records: tuple[list, list] | N
         seed=t.seed,
         guard=run.guard,
         group_size=cfg.data.group_size,
+        micro_batch_tokens=t.micro_batch_tokens,
         evaluate=(lambda: evaluate(model, processor, held_out, cfg, strategy)) if held_out else None,
         console_keys=CONSOLE_KEYS,
     )

@@ -8,6 +8,17 @@ loss_agg_mode=token-mean, kl_coef=0). Blocks of steps alternate between the two 
 hits both; the first block of each is warm-up and not counted. Prints per side the median step time and
 the peak memory (resident set on CPU, allocated on GPU), vlrft's per-phase times, and the ratio.
 
+Efficiency (vlrft): the FLOPs of its update and rollout are counted from the model's shapes per step
+(``scripts/gpu_figures.py``): the update 6 x parameters x tokens (decoder: every token it computes, the
+group-shared forward's prompt once per group; vision tower: 6 x its parameters x patches; LM head: the response
+positions only) plus attention (12 x head width per query-key pair and layer, a response token seeing its
+prompt and own past; windowed and full vision blocks); the rollout 2 x (decoder + LM head) parameters per
+decoded position (every row of the generate call for every step) plus the prefill once per prompt
+(2 x parameters x prompt tokens), the vision tower once per prompt and attention (4 x head width per pair).
+Printed per phase: the median FLOPs, the median time, the achieved FLOP/s and its share of this machine's
+float32 GEMM rate measured at the same thread count (1024^3 matmuls). ``--sides vlrft`` runs without TRL;
+``--engine vllm`` times the vllm engine (run with .venv-vllm/bin/python).
+
 TRL is not a dependency of vlrft; a venv of its own that reuses vlrft's packages (docs/benchmarks.md):
 
     python3.11 -m venv .venv-trl
@@ -34,9 +45,11 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 
 import psutil  # noqa: E402
 import torch  # noqa: E402
+from gpu_figures import experience_work, gemm_flops_per_s, param_counts, rollout_flops, update_flops  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
 PHASES = ("time/rollout", "time/reward", "time/old_logprobs", "time/ref_logprobs", "time/update")
+WORK = ("flops/rollout", "flops/update")  # FLOPs of each phase, counted from the model's shapes (gpu_figures.py)
 
 
 class PeakMemory:
@@ -92,6 +105,8 @@ def vlrft_trainer(model_dir: Path, out: Path, a: argparse.Namespace):
             "train.log_samples=0",
             "strategy.grad_clip=1.0",
             f"train.shared_prompt_forward={str(a.shared).lower()}",
+            f"rollout.engine={a.engine}",
+            *a.overrides,
         ],
     )
     strategy = make_strategy(cfg.strategy, cfg.optim)
@@ -100,6 +115,8 @@ def vlrft_trainer(model_dir: Path, out: Path, a: argparse.Namespace):
     records = make_prompt_records("color", 512, seed=0)
     trainer = PolicyTrainer(cfg, strategy, model, proc, records, pool, accuracy=("accuracy", "vocab_answer"))
     trainer.total_steps = 0
+    config = model.config
+    counts = param_counts(config)
 
     def run(steps: int, phases: dict[str, list[float]]) -> list[float]:
         times = []
@@ -107,11 +124,14 @@ def vlrft_trainer(model_dir: Path, out: Path, a: argparse.Namespace):
             t0 = time.perf_counter()
             metrics: dict = {}
             exp = trainer.make_experience(metrics)
+            update, rollout = experience_work(exp, shared=a.shared)
+            metrics["flops/update"] = update_flops(config, counts, update)["total"]
+            metrics["flops/rollout"] = rollout_flops(config, counts, rollout)["total"]
             trainer.train_on(exp, metrics)
             trainer.engine.update_weights(trainer.strategy.full_params())
             trainer.steps_done += 1
             times.append(time.perf_counter() - t0)
-            for k in PHASES:
+            for k in PHASES + WORK:
                 if k in metrics:
                     phases.setdefault(k, []).append(metrics[k])
         return times
@@ -233,6 +253,8 @@ def main() -> None:
     p.add_argument(
         "--no-shared", dest="shared", action="store_false", help="vlrft with train.shared_prompt_forward=false"
     )
+    p.add_argument("--engine", default="hf", choices=("hf", "vllm"), help="vlrft's rollout engine (vllm: .venv-vllm)")
+    p.add_argument("overrides", nargs="*", help="more train-policy key=value overrides for vlrft")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
 
@@ -276,10 +298,30 @@ def main() -> None:
             f"min {min(v) * 1000:.0f}, max {max(v) * 1000:.0f}, n={len(v)}), {memory} {peaks[k] / 2**20:.0f} MiB"
         )
         if phases[k]:
-            parts = ", ".join(f"{p.split('/')[1]} {statistics.median(x) * 1000:.0f}" for p, x in phases[k].items())
+            parts = ", ".join(
+                f"{p.split('/')[1]} {statistics.median(x) * 1000:.0f}" for p, x in phases[k].items() if p in PHASES
+            )
             print(f"{'':>6}  phases (median ms): {parts}")
     if "trl" in med and "vlrft" in med:
         print(f"ratio trl / vlrft (median step time): {med['trl'] / med['vlrft']:.2f}x")
+    if phases.get("vlrft", {}).get("flops/update"):
+        efficiency(phases["vlrft"], a)
+
+
+def efficiency(phases: dict[str, list[float]], a: argparse.Namespace) -> None:
+    """vlrft's update and rollout against this machine's float32 matmul rate at the same thread count: FLOPs
+    counted from the model's shapes (gpu_figures.py), median per step, over the median phase time."""
+    gemm = gemm_flops_per_s(a.threads)
+    print(f"fp32 GEMM (1024^3 matmuls, {a.threads} thread(s)): {gemm / 1e9:.1f} GFLOP/s")
+    for phase in ("update", "rollout"):
+        flops = statistics.median(phases[f"flops/{phase}"])
+        seconds = statistics.median(phases[f"time/{phase}"])
+        rate = flops / seconds
+        what = f"{phase} ({a.engine} engine)" if phase == "rollout" else phase
+        print(
+            f"{what}: {flops / 1e9:.1f} GFLOP in {seconds:.2f} s = {rate / 1e9:.1f} GFLOP/s, "
+            f"{rate / gemm:.0%} of the GEMM rate"
+        )
 
 
 if __name__ == "__main__":

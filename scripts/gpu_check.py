@@ -37,7 +37,14 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
-from gpu_figures import copy_bandwidth, param_counts, peak_tflops, update_flops  # noqa: E402
+from gpu_figures import (  # noqa: E402
+    copy_bandwidth,
+    experience_work,
+    param_counts,
+    peak_tflops,
+    rollout_flops,
+    update_flops,
+)
 
 # Qwen2.5-VL-3B / 7B (config.json of the published checkpoints); the vision tower is the same for both.
 VISION = dict(vision_depth=32, vision_hidden=1280, vision_heads=16, vision_intermediate=3420)
@@ -147,7 +154,9 @@ class Probe:
     def __init__(self):
         self.cuda = torch.cuda.is_available()
         self.steps: list[dict] = []
+        self.metrics: list[dict] = []  # the trainer's metrics of each step (time/step measured around it)
         self.current: dict = {}
+        self.on_step = None  # called after each step
 
     def sync(self):
         if self.cuda:
@@ -225,30 +234,31 @@ class Probe:
         self.wrap(PolicyTrainer, "_logprobs", "logprobs")
 
         def after_update(rec, args, kwargs, result):
-            exp = args[1]
-            b = exp.batch
-            rec["samples"] = int(b["input_ids"].shape[0])
-            rec["seq_tokens"] = int(b["attention_mask"].sum())
-            rec["seq_lengths"] = b["attention_mask"].sum(-1).tolist()
+            trainer, exp = args[0], args[1]
+            # the work as the update computes it (the group-shared forward: each prompt once per group)
+            update, rollout = experience_work(exp, shared=trainer.shared)
+            rec.update(update)
+            rec["rollout_work"] = rollout
+            rec["samples"] = len(exp)
             rec["response_tokens"] = int(exp.response_mask.sum())
-            rec["logit_rows"] = int(b["input_ids"].shape[0] * (exp.response_ids.shape[1] + 1))
-            grid = b.get("image_grid_thw")
-            rec["image_patches"] = int(grid.prod(-1).sum()) if grid is not None else 0
-            rec["image_grids"] = grid.tolist() if grid is not None else []
 
         self.wrap(PolicyTrainer, "train_on", "update", after=after_update)
         self.wrap(PolicyTrainer, "_sync_engine", "weight_sync")
 
-        # a step ends when the engine has the new weights: file the step's records
-        original_sync = PolicyTrainer._sync_engine
+        # a step ends when the trainer returns its metrics: file the step's records (and write the JSON so far)
+        original_step = PolicyTrainer.step
 
-        def sync_engine(trainer):
-            result = original_sync(trainer)
+        def step(trainer, i):
+            t0 = time.perf_counter()
+            metrics = original_step(trainer, i)
             probe.steps.append(probe.current)
+            probe.metrics.append({**metrics, "time/step": time.perf_counter() - t0})
             probe.current = {}
-            return result
+            if probe.on_step is not None:
+                probe.on_step()
+            return metrics
 
-        PolicyTrainer._sync_engine = sync_engine
+        PolicyTrainer.step = step
 
         if not save:
             PolicyTrainer.save_checkpoint = lambda trainer: None
@@ -267,7 +277,9 @@ def summarise(args, config, counts, bw: float, peak: float, probe: Probe, metric
         upd = ph.get("update", {})
         gen = ph.get("generate_detail", {})
         flops = update_flops(config, counts, upd) if upd else {}
+        roll = rollout_flops(config, counts, upd["rollout_work"]) if upd else {}
         t_update = m.get("time/update", float("nan"))
+        t_rollout = m.get("time/rollout", float("nan"))
         rows, dsteps, dsec = gen.get("decode_rows", 0), gen.get("decode_steps", 0), gen.get("decode_s", 0.0)
         ctx = gen.get("prefill_len", 0) + dsteps / 2  # mean context over the decode
         roof_step = (weight_bytes + rows * ctx * kv_bytes_per_token) / bw if bw == bw else float("nan")
@@ -280,10 +292,13 @@ def summarise(args, config, counts, bw: float, peak: float, probe: Probe, metric
                 if m.get("time/rollout")
                 else None,
                 "update_response_tokens_per_s": round(m.get("tokens_per_s/update", float("nan")), 1),
-                "update_all_tokens_per_s": round(upd.get("seq_tokens", 0) / t_update, 1),
+                "update_computed_tokens_per_s": round(upd.get("seq_tokens", 0) / t_update, 1),
                 "update_tflops_per_s": round(flops.get("total", 0) / t_update / 1e12, 1),
                 "actor_mfu": round(flops.get("total", 0) / t_update / (peak * 1e12), 4) if peak == peak else None,
                 "update_flops_split": {k: f"{v:.3e}" for k, v in flops.items()},
+                "rollout_tflops_per_s": round(roll.get("total", 0) / t_rollout / 1e12, 2),
+                "rollout_mfu": round(roll.get("total", 0) / t_rollout / (peak * 1e12), 4) if peak == peak else None,
+                "rollout_flops_split": {k: f"{v:.3e}" for k, v in roll.items()},
                 "peak_gib": {k: round(v["peak_gib"], 2) for k, v in ph.items() if "peak_gib" in v},
                 "allocated_after_gib": {
                     k: round(v["allocated_after_gib"], 2) for k, v in ph.items() if "allocated_after_gib" in v
@@ -315,7 +330,10 @@ def summarise(args, config, counts, bw: float, peak: float, probe: Probe, metric
             "gradient_checkpointing": args.gradient_checkpointing,
             "cpu_offload": args.cpu_offload,
             "param_dtype": args.model_dtype,
-            "mixed_precision": "bf16",
+            "mixed_precision": args.mixed_precision,
+            "inference_copy": args.inference_copy,
+            "compile": args.compile,
+            "micro_batch_tokens": args.micro_batch_tokens,
             "reward_model": args.reward_model,
             "prompts": args.prompts,
             "samples_per_prompt": args.samples,
@@ -356,6 +374,12 @@ def main(argv: list[str] | None = None) -> dict | None:
         default="float32",
         help="parameter (and AdamW state) dtype; compute is bf16 either way",
     )
+    p.add_argument("--mixed-precision", choices=("auto", "bf16", "no"), default="bf16", help="strategy.mixed_precision")
+    p.add_argument("--inference-copy", choices=("auto", "on", "off"), default="auto", help="rollout.hf.inference_copy")
+    p.add_argument("--compile", choices=("auto", "on", "off"), default="auto", help="rollout.hf.compile")
+    p.add_argument("--micro-batch-tokens", type=int, default=0, help="train.micro_batch_tokens (0: by sample count)")
+    p.add_argument("--json-dir", type=Path, help="write NAME.json here after every step (a cut run keeps its steps)")
+    p.add_argument("--name", default="", help="this configuration's name (default: from its options)")
     p.add_argument("--reward-model", action="store_true", help="a scalar RM of the same shape in the pool")
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--prompts", type=int, default=2)
@@ -411,9 +435,13 @@ def main(argv: list[str] | None = None) -> dict | None:
         f"train.output_dir={args.out_dir}",
         "train.log_samples=1",
         "train.resume=never",
+        "train.overwrite=true",  # the run folder is this script's scratch (a cut run's leftovers are cleared)
         f"strategy.name={args.strategy}",
         f"strategy.zero_stage={args.zero_stage}",
-        "strategy.mixed_precision=bf16",
+        f"strategy.mixed_precision={args.mixed_precision}",
+        f"rollout.hf.inference_copy={args.inference_copy}",
+        f"rollout.hf.compile={args.compile}",
+        f"train.micro_batch_tokens={args.micro_batch_tokens}",
         f"strategy.gradient_checkpointing={str(args.gradient_checkpointing).lower()}",
         f"strategy.cpu_offload={str(args.cpu_offload).lower()}",
         "optim.lr=1e-6",
@@ -425,26 +453,40 @@ def main(argv: list[str] | None = None) -> dict | None:
     cfg = load_config(PolicyTrainConfig, None, overrides)
     probe = Probe()
     probe.install(save=args.save)
+    name = args.name or config_name(args)
+    t0 = time.perf_counter()
+
+    def write(final: bool = False) -> dict:
+        result = summarise(args, config, counts, bw, peak, probe, probe.metrics)
+        result["name"], result["complete"] = name, final
+        result["train_policy_wall_s"] = round(time.perf_counter() - t0, 1)
+        if int(os.environ.get("RANK", "0")) == 0 and args.json_dir:
+            args.json_dir.mkdir(parents=True, exist_ok=True)
+            tmp = args.json_dir / f"{name}.json.tmp"
+            tmp.write_text(json.dumps(result, indent=1))
+            tmp.replace(args.json_dir / f"{name}.json")
+        return result
+
+    probe.on_step = write
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
-    t0 = time.perf_counter()
-    summary = train_policy(cfg)
-    wall = time.perf_counter() - t0
-    metrics = summary.get("history") or []
-    if not metrics:
-        path = args.out_dir / "metrics.jsonl"
-        rows = [json.loads(x) for x in path.read_text().splitlines()] if path.is_file() else []
-        metrics = [r for r in rows if "time/step" in r]
-    result = summarise(args, config, counts, bw, peak, probe, metrics)
-    result["train_policy_wall_s"] = round(wall, 1)
+    train_policy(cfg)
+    result = write(final=True)
     if int(os.environ.get("RANK", "0")) == 0:
-        line = json.dumps(result)
         print("[gpu_check] " + json.dumps(result, indent=1), flush=True)
         if args.json:
             args.json.parent.mkdir(parents=True, exist_ok=True)
             with args.json.open("a") as f:
-                f.write(line + "\n")
+                f.write(json.dumps(result) + "\n")
     return result
+
+
+def config_name(args) -> str:
+    """A file name for a configuration: shape, strategy and the options of issue 27's items."""
+    parts = [args.shape, args.strategy, f"mp-{args.mixed_precision}", f"copy-{args.inference_copy}"]
+    parts += [f"compile-{args.compile}", f"tokens-{args.micro_batch_tokens}", f"micro-{args.micro_train_batch}"]
+    parts += ["ckpt"] * args.gradient_checkpointing + [args.model_dtype]
+    return "_".join(parts)
 
 
 if __name__ == "__main__":

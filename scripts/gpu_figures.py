@@ -69,24 +69,35 @@ def peak_tflops(override: float) -> float:
     return float("nan")
 
 
+def vision_attention_pairs(config, grids) -> float:
+    """Query-key pairs of the vision tower's attention over images of ``grids`` ([t, h, w] each), summed over its
+    blocks: full-attention blocks over every image's patches, windowed blocks within windows."""
+    vision = config.vision_config
+    depth = vision.depth
+    full_blocks = len(getattr(vision, "fullatt_block_indexes", []) or [])
+    win = (getattr(vision, "window_size", 112) // vision.patch_size) ** 2
+    pairs = 0.0
+    for t, h, w in grids:
+        p = t * h * w
+        pairs += full_blocks * p * p + (depth - full_blocks) * p * min(p, win)
+    return pairs
+
+
 def update_flops(config, counts: dict, upd: dict) -> dict[str, float]:
     """Model FLOPs of one update (forward + backward, no recompute): 6 x params x tokens for the decoder,
-    the vision tower (per patch) and the LM head (per logit row computed), plus causal attention."""
+    the vision tower (per patch) and the LM head (per logit row computed), plus attention (12 x head width per
+    query-key pair and layer: ``upd["attention_pairs"]``, or causal rows of ``upd["seq_lengths"]``)."""
     text, vision = config.get_text_config(), config.vision_config
     heads_dim = text.num_attention_heads * (text.hidden_size // text.num_attention_heads)
     dense = 6 * counts["decoder"] * upd["seq_tokens"]
-    attn = 6 * text.num_hidden_layers * heads_dim * sum(L * L for L in upd["seq_lengths"])  # causal: half of 12
+    pairs = upd.get("attention_pairs")
+    if pairs is None:
+        pairs = sum(L * L for L in upd["seq_lengths"]) / 2  # causal: half of every row's L x L
+    attn = 12 * text.num_hidden_layers * heads_dim * pairs
     head_params = counts["lm_head"] or counts["embed"]
     head = 6 * head_params * upd["logit_rows"]
     vis_dense = 6 * (counts["vision"]) * upd["image_patches"]
-    # vision attention: full blocks over every image's patches, windowed blocks over windows
-    vh, depth = vision.hidden_size, vision.depth
-    full_blocks = len(getattr(vision, "fullatt_block_indexes", []) or [])
-    win = (getattr(vision, "window_size", 112) // vision.patch_size) ** 2
-    vis_attn = 0
-    for t, h, w in upd["image_grids"]:
-        p = t * h * w
-        vis_attn += 12 * vh * (full_blocks * p * p + (depth - full_blocks) * p * min(p, win))
+    vis_attn = 12 * vision.hidden_size * vision_attention_pairs(config, upd["image_grids"])
     return {
         "decoder": dense,
         "attention": attn,
@@ -94,3 +105,82 @@ def update_flops(config, counts: dict, upd: dict) -> dict[str, float]:
         "vision": vis_dense + vis_attn,
         "total": dense + attn + head + vis_dense + vis_attn,
     }
+
+
+def rollout_flops(config, counts: dict, work: dict) -> dict[str, float]:
+    """Model FLOPs of one rollout (forward only: a third of :func:`update_flops`'s per token): the prefill of each
+    prompt once (``work["prompt_lengths"]``, its last position's logits only), the vision tower once per prompt
+    (``work["image_grids"]``), and ``work["decode_tokens"]`` decode positions (every row of a generate call for
+    each of its steps, finished rows included: what the machine computes) at 2 x (decoder + LM head) parameters
+    each, with attention over ``work["decode_context"]`` keys in all (4 x head width per query-key pair and layer)."""
+    text, vision = config.get_text_config(), config.vision_config
+    heads_dim = text.num_attention_heads * (text.hidden_size // text.num_attention_heads)
+    layers = text.num_hidden_layers
+    head_params = counts["lm_head"] or counts["embed"]
+    prompts = work["prompt_lengths"]
+    prefill = 2 * counts["decoder"] * sum(prompts) + 2 * head_params * len(prompts)
+    prefill += 4 * layers * heads_dim * sum(L * L for L in prompts) / 2
+    vis = 2 * counts["vision"] * sum(t * h * w for t, h, w in work["image_grids"])
+    vis += 4 * vision.hidden_size * vision_attention_pairs(config, work["image_grids"])
+    decode = 2 * (counts["decoder"] + head_params) * work["decode_tokens"]
+    decode += 4 * layers * heads_dim * work["decode_context"]
+    return {"prefill": prefill, "vision": vis, "decode": decode, "total": prefill + vis + decode}
+
+
+def experience_work(exp, shared: bool = True, generate_width: int | None = None) -> tuple[dict, dict]:
+    """(update work for :func:`update_flops`, rollout work for :func:`rollout_flops`) of one step's experience
+    (``vlrft.trainer.experience.Experience``) as the update computes it: with the group-shared forward (``shared``)
+    each prompt and its images once per group and each response after it, a response token attending to the
+    prompt and its own past; without it every sample's prompt, images and response (causal); logit rows for the
+    response positions only (``logits_to_keep``). The rollout: the prefill and vision once per prompt, and rows
+    decoding ``generate_width`` steps (default: the longest response) in one generate call."""
+    b = exp.batch
+    plen, rlen = b["prompt_lengths"].tolist(), b["response_lengths"].tolist()
+    groups: dict[int, int] = {}
+    for i, j in enumerate(b["prompt_index"].tolist()):
+        groups.setdefault(j, i)
+    grids = b["image_grid_thw"].tolist() if "image_grid_thw" in b else []
+    per_sample = b["images_per_sample"].tolist() if "images_per_sample" in b else [0] * len(plen)
+    starts = [sum(per_sample[:i]) for i in range(len(per_sample))]
+    prompt_grids = [g for i in groups.values() for g in grids[starts[i] : starts[i] + per_sample[i]]]
+    prompts = [plen[i] for i in groups.values()]
+    if shared:
+        pairs = sum(P * P / 2 for P in prompts) + sum(R * P + R * (R + 1) / 2 for P, R in zip(plen, rlen))
+        seq_tokens, update_grids = sum(prompts) + sum(rlen), prompt_grids
+    else:
+        pairs = sum((P + R) ** 2 / 2 for P, R in zip(plen, rlen))
+        seq_tokens, update_grids = sum(plen) + sum(rlen), grids
+    update = {
+        "seq_tokens": seq_tokens,
+        "attention_pairs": pairs,
+        "logit_rows": sum(rlen),
+        "image_patches": sum(t * h * w for t, h, w in update_grids),
+        "image_grids": update_grids,
+    }
+    steps = generate_width or max(rlen)
+    rows = len(rlen)
+    rollout = {
+        "prompt_lengths": prompts,
+        "image_grids": prompt_grids,
+        "decode_tokens": rows * steps,
+        "decode_context": sum(P * steps + steps * (steps + 1) / 2 for P in plen),
+    }
+    return update, rollout
+
+
+def gemm_flops_per_s(threads: int, n: int = 1024, seconds: float = 1.0) -> float:
+    """This machine's float32 matmul rate (FLOP/s) with ``threads`` torch threads: ``n x n`` by ``n x n``
+    products repeated for about ``seconds``, the best of three rounds."""
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    torch.mm(a, b)
+    best = 0.0
+    for _ in range(3):
+        count, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < seconds / 3:
+            torch.mm(a, b)
+            count += 1
+        best = max(best, 2 * n**3 * count / (time.perf_counter() - t0))
+    torch.set_num_threads(saved)
+    return best

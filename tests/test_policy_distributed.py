@@ -71,6 +71,32 @@ def test_two_ranks_equal_one_process(tiny_model, tmp_path, single_update, strate
     assert single_update["metrics"]["policy/clip_fraction"] == 0.0
 
 
+@pytest.fixture(scope="module")
+def single_uneven(tiny_model, tmp_path_factory):
+    """The one-process update (fixed micro-batches of 3) on the samples of the uneven ranks below (14 in all)."""
+    out = tmp_path_factory.mktemp("dist") / "single-uneven.pt"
+    _run([str(tiny_model("qwen2_5_vl")), str(out), "single", "2", "shared", "0", "uneven"], 1)
+    return torch.load(out)
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("strategy, stage, forward", [("fsdp2", "2", "shared"), ("deepspeed", "3", "plain")])
+def test_token_budget_micro_batches_keep_unequal_ranks_in_step(
+    tiny_model, tmp_path, single_uneven, strategy, stage, forward
+):
+    """``train.micro_batch_tokens`` with ranks holding 8 and 6 samples: a budget of 1 token makes every sample its
+    own micro-batch, so rank 1 runs two zero-weight padding micro-batches (FSDP2 and ZeRO-3 gather parameters in
+    every forward: unequal counts would hang) and the update is the one process's with fixed micro-batches."""
+    out = tmp_path / f"{strategy}.pt"
+    _run([str(tiny_model("qwen2_5_vl")), str(out), strategy, stage, forward, "1", "uneven"], 2)
+    ref, got = single_uneven, torch.load(out)
+    assert got["samples_and_micro_batches"] == [(8, 8), (6, 8)]
+    assert ref["samples_and_micro_batches"] == [(14, 5)]
+    # the bound of test_two_ranks_equal_one_process (the same update, eps = 1e-4: slope <= 10)
+    diff = max((got["state"][k].double() - v.double()).abs().max().item() for k, v in ref["state"].items())
+    assert_within(diff, 1e-5, f"{strategy}-{forward} budget, uneven ranks: max |param difference| after one Adam step")
+
+
 @pytest.mark.distributed
 @pytest.mark.parametrize("strategy, stage", [("fsdp2", "2"), ("deepspeed", "3")])
 def test_train_policy_runs_under_torchrun(tiny_model, tmp_path, strategy, stage):

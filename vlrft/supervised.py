@@ -6,9 +6,10 @@ DeepSpeed), and plugs into the one run driver (``vlrft.loop``: resume, cadence, 
 
 - data order: a pure function of (seed, step) (:func:`batch_indices`), so a checkpoint needs only the
   strategy's state, the step and the RNG states to resume exactly;
-- micro-batches: each rank splits its records into micro-batches; the loss of each is its SUM over units
-  (target tokens, pairs ...) divided by the units of the whole step on all ranks (:func:`train_step`),
-  so gradient accumulation and data parallelism give the gradient of one big batch;
+- micro-batches: each rank splits its records into micro-batches (a record count, or a token budget:
+  ``vlrft.micro_batching``); the loss of each is its SUM over units (target tokens, pairs ...) divided by
+  the units of the whole step on all ranks (:func:`train_step`), so gradient accumulation and data
+  parallelism give the gradient of one big batch;
 - clipping and the optimizer step by the strategy; the non-finite guard reads its verdict.
 
 Lower layer (``vlrft``): it imports no trainer, command or reward model, so ``reward_models`` uses it too.
@@ -21,6 +22,7 @@ from typing import Any, Callable, Protocol
 import torch
 
 from vlrft.loop import Trainer
+from vlrft.micro_batching import PAD, plan_micro_batches
 from vlrft.nonfinite import NonFiniteGuard
 from vlrft.sampling import REWARD_ORDER_STRIDE, seeded_permutation
 
@@ -36,6 +38,9 @@ class SupervisedTask(Protocol):
 
     def loss(self, module: Any, batch: dict[str, torch.Tensor], total_units: float) -> tuple[torch.Tensor, dict]:
         """``(sum of the batch's per-unit losses / total_units, metrics)``; metrics are means over the batch."""
+
+    def tokens(self, record: Any) -> int:
+        """The tokens one record puts into a forward (images included): what ``train.micro_batch_tokens`` counts."""
 
 
 def batch_indices(
@@ -74,28 +79,54 @@ def micro_batches(records: list[Any], size: int, group_size: int = 1) -> list[li
     return [records[i : i + size] for i in range(0, len(records), size)]
 
 
+def token_micro_batches(
+    strategy: Any, task: SupervisedTask, records: list[Any], budget: int, group_size: int = 1
+) -> list[tuple[list[Any], float]]:
+    """``records`` as micro-batches of at most ``budget`` tokens (``task.tokens``; a group of ``group_size``
+    records is one unit), as many on every rank (``vlrft.micro_batching``): (records, loss weight 1, or 0 for
+    a padding micro-batch run on the shortest group)."""
+    groups = [records[i : i + group_size] for i in range(0, len(records), group_size)]
+    tokens = [sum(task.tokens(r) for r in g) for g in groups]
+    plan = plan_micro_batches(strategy, tokens, budget)
+    shortest = groups[min(range(len(groups)), key=tokens.__getitem__)]
+    return [([r for j in p for r in groups[j]], 1.0) if p != PAD else (shortest, 0.0) for p in plan]
+
+
 def train_step(
-    strategy: Any, task: SupervisedTask, records: list[Any], micro_batch_size: int = 0, group_size: int = 1
+    strategy: Any,
+    task: SupervisedTask,
+    records: list[Any],
+    micro_batch_size: int = 0,
+    group_size: int = 1,
+    micro_batch_tokens: int = 0,
 ) -> dict[str, float]:
-    """One optimizer step on this rank's ``records``: encode micro-batches, count the step's units over
-    all ranks, accumulate ``loss * world_size`` (strategies average gradients over ranks), clip and step.
+    """One optimizer step on this rank's ``records``: encode micro-batches (``micro_batch_size`` records, or up
+    to ``micro_batch_tokens`` tokens each), count the step's units over all ranks, accumulate
+    ``loss * world_size`` (strategies average gradients over ranks), clip and step.
 
     Returns the step's metrics: ``loss`` (the exact global loss), ``grad_norm`` and the task's metrics
     averaged over micro-batches and ranks. Everything of one update is in this function (a guard on the
     update, e.g. against non-finite values, goes here).
     """
-    batches = [task.encode(chunk) for chunk in micro_batches(records, micro_batch_size, group_size)]
-    local = torch.tensor([float(task.units(b)) for b in batches], dtype=torch.float64).sum()
+    if micro_batch_tokens:
+        chunks = token_micro_batches(strategy, task, records, micro_batch_tokens, group_size)
+    else:
+        chunks = [(chunk, 1.0) for chunk in micro_batches(records, micro_batch_size, group_size)]
+    batches = [(task.encode(chunk), weight) for chunk, weight in chunks]
+    local = torch.tensor([float(task.units(b)) * w for b, w in batches], dtype=torch.float64).sum()
     total = float(strategy.all_reduce(local, op="sum"))
     module = strategy.train_module
     loss_sum = 0.0
     sums: dict[str, float] = {}
-    for i, batch in enumerate(batches):
+    real = sum(1 for _, w in batches if w)
+    for i, (batch, weight) in enumerate(batches):
         loss, metrics = task.loss(module, batch, total)
-        strategy.backward(loss * strategy.world_size, last_micro_batch=i == len(batches) - 1)
+        strategy.backward(loss * (strategy.world_size * weight), last_micro_batch=i == len(batches) - 1)
+        if not weight:  # a padding micro-batch: it only kept the ranks in step
+            continue
         loss_sum += float(loss.detach())
         for k, v in metrics.items():
-            sums[k] = sums.get(k, 0.0) + float(v) / len(batches)
+            sums[k] = sums.get(k, 0.0) + float(v) / real
     grad_norm = strategy.step()
     keys = sorted(sums)
     means = strategy.all_reduce(torch.tensor([sums[k] for k in keys], dtype=torch.float64), op="mean").tolist()
@@ -122,20 +153,26 @@ class SupervisedTrainer(Trainer):
         seed: int,
         guard: NonFiniteGuard,
         micro_batch_size: int = 0,
+        micro_batch_tokens: int = 0,
         group_size: int = 1,
         evaluate: Callable[[], dict[str, float]] | None = None,
         console_keys: tuple[str, ...] | None = None,
     ):
         self.strategy, self.task, self.records = strategy, task, records
         self.batch_size, self.seed, self.guard = batch_size, seed, guard
-        self.micro_batch_size, self.group_size = micro_batch_size, group_size
+        self.micro_batch_size, self.micro_batch_tokens, self.group_size = (
+            micro_batch_size,
+            micro_batch_tokens,
+            group_size,
+        )
         self._evaluate, self.console_keys = evaluate, console_keys
 
     def step(self, step: int) -> dict[str, float]:
         s = self.strategy
         s.train_module.train()
         idx = batch_indices(len(self.records), step, self.batch_size, s.rank, s.world_size, self.seed, self.group_size)
-        metrics = train_step(s, self.task, [self.records[i] for i in idx], self.micro_batch_size, self.group_size)
+        records = [self.records[i] for i in idx]
+        metrics = train_step(s, self.task, records, self.micro_batch_size, self.group_size, self.micro_batch_tokens)
         self.guard.observe(s)
         return {f"train/{k}": v for k, v in metrics.items()}
 

@@ -5,8 +5,10 @@ Run alone (single) or under ``torchrun --nproc_per_node=2`` (fsdp2, deepspeed). 
 on the global batch, losses are aggregated over the global token count. AdamW's eps is 1e-4 (not 1e-8), so
 that the update's slope in the gradient is bounded and the comparison is about the strategies, not about a
 CPU's float32 rounding (tests/test_policy_distributed.py derives its bound from it).
-Usage: python one_update.py MODEL_DIR OUT_FILE STRATEGY [ZERO_STAGE [FORWARD]]
+Usage: python one_update.py MODEL_DIR OUT_FILE STRATEGY [ZERO_STAGE [FORWARD [BUDGET [uneven]]]]
 FORWARD: shared (the default: each prompt computed once per group) or plain (train.shared_prompt_forward=false).
+BUDGET: train.micro_batch_tokens (0: fixed micro-batches of 3). uneven: the odd prompts' last sample is dropped,
+so with 2 ranks rank 1 holds 6 samples and rank 0 8 (the micro-batch counts differ unless evened out).
 """
 
 import sys
@@ -30,11 +32,13 @@ def main() -> None:
     model_dir, out_file, name = sys.argv[1:4]
     stage = sys.argv[4] if len(sys.argv) > 4 else "2"
     shared = (sys.argv[5] if len(sys.argv) > 5 else "shared") == "shared"
+    budget = int(sys.argv[6]) if len(sys.argv) > 6 else 0
+    uneven = len(sys.argv) > 7 and sys.argv[7] == "uneven"
     cfg = load_config(PolicyTrainConfig, None, [
         f"strategy.name={name}", f"strategy.zero_stage={stage}", "optim.lr=1e-3", "optim.eps=1e-4", "strategy.grad_clip=0",
         "rollout.rollout_batch_size=4", "rollout.n_samples_per_prompt=4", "train.micro_train_batch_size=3",
         "train.max_steps=1", "algorithm.loss_agg_mode=token-mean", "train.output_dir=/tmp/unused",
-        f"train.shared_prompt_forward={str(shared).lower()}",
+        f"train.shared_prompt_forward={str(shared).lower()}", f"train.micro_batch_tokens={budget}",
     ])
     strategy = make_strategy(cfg.strategy, cfg.optim)
     torch.manual_seed(0)
@@ -47,7 +51,7 @@ def main() -> None:
     rollouts = []
     g = torch.Generator().manual_seed(1)
     for gi, rec in enumerate(records):  # the same global samples whatever the world size
-        for j in range(4):
+        for j in range(3 if uneven and gi % 2 else 4):
             word = rec.answer if j % 2 == 0 else next(v for v in rec.metadata["vocabulary"] if v != rec.answer)
             tail = torch.randint(0, 900, (j + gi % 3,), generator=g)
             ids = torch.cat([torch.tensor(tok(word)["input_ids"]), tail, torch.tensor([tok.eos_token_id])])
@@ -57,10 +61,14 @@ def main() -> None:
     combined, per_source, _ = score_rollouts(trainer.reward_pool, mine, rollouts, trainer.cfg.tools)
     metrics: dict = {}
     exp = trainer.experience_from(group_rollouts(mine, prompts, rollouts, combined, per_source), metrics)
+    calls = []  # forward + backward per micro-batch, padding ones included
+    forward = trainer._micro_loss
+    trainer._micro_loss = lambda *a: calls.append(1) or forward(*a)
     trainer.train_on(exp, metrics)
+    counts = strategy.all_gather_object((len(exp), len(calls)))
     state = strategy.full_state_dict()
     if strategy.is_rank0:
-        torch.save({"state": state, "metrics": metrics}, out_file)
+        torch.save({"state": state, "metrics": metrics, "samples_and_micro_batches": counts}, out_file)
     strategy.barrier()
 
 

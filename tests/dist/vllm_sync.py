@@ -76,6 +76,15 @@ def max_logprob_gap(engine, model, processor, prompts, temperature: float = 0.8)
     return logprob_gaps(engine, model, processor, prompts, temperature)[0]
 
 
+def raise_likelihood(strategy, processor, prompts, rollouts, steps: int = 2) -> None:
+    """``steps`` AdamW steps raising the likelihood of ``rollouts``: the policy moves."""
+    for _ in range(steps):
+        logp, mask = trainer_logprobs(strategy.train_module, processor, prompts, rollouts, 1.0, grad=True)
+        mask = mask.to(logp.device)
+        strategy.backward(-(logp * mask).sum() / mask.sum())
+        strategy.step()
+
+
 def main() -> None:
     model_dir, out_file, name = sys.argv[1:4]
     strategy = make_strategy(StrategyConfig(name=name, zero_stage=3, grad_clip=0), OptimConfig(lr=5e-3))
@@ -85,11 +94,7 @@ def main() -> None:
     kind = "one_image" if getattr(processor, "image_processor", None) is not None else "text"
     prompts = make_prompts(processor, kind, seed=3 + strategy.rank)
     rollouts = engine.generate(prompts, SamplingParams(n=2, temperature=1.0, max_new_tokens=8))
-    for _ in range(2):  # raise the likelihood of the samples: the policy moves
-        logp, mask = trainer_logprobs(strategy.train_module, processor, prompts, rollouts, 1.0, grad=True)
-        mask = mask.to(logp.device)
-        strategy.backward(-(logp * mask).sum() / mask.sum())
-        strategy.step()
+    raise_likelihood(strategy, processor, prompts, rollouts)
     strategy.train_module.eval()
     skipped = max_logprob_gap(engine, strategy.train_module, processor, prompts, temperature=1.0)
     engine.update_weights(strategy.full_params(trainable_only=True))

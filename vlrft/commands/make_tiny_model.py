@@ -47,7 +47,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--tool-tokens",
         action="store_true",
-        help="Qwen's tool tokens (<tool_call> ...) and tool calls in the tokenizer's corpus, for tool use (docs/tools.md)",
+        help="Qwen's tool tokens (<tool_call> ...) and tool calls in the tokenizer's corpus (docs/tools.md)",
     )
     p.set_defaults(func=run)
 

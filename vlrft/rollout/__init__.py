@@ -1,8 +1,9 @@
 """Rollout engines: generate n samples per prompt on the current policy weights.
 
 The trainer talks to an engine only through :class:`RolloutEngine` (``generate``, ``update_weights``,
-``sleep``, ``wake``). ``hf`` (batched ``generate`` on the policy module) works everywhere, CPU included;
-``vllm`` (vllm_engine.py) is a colocated vLLM engine with its own weights, synced after each update.
+``sleep``, ``wake``). ``hf`` (batched ``generate`` on the policy module, or on an inference copy of it with a
+static, compiled decode on CUDA) works everywhere, CPU included; ``vllm`` (vllm_engine.py) is a colocated vLLM
+engine with its own weights, synced after each update.
 """
 
 from __future__ import annotations
@@ -10,10 +11,11 @@ from __future__ import annotations
 import torch
 
 from vlrft.rollout.base import Rollout, RolloutEngine, SamplingParams, stack_rollout_logprobs
-from vlrft.rollout.hf_engine import HFRolloutEngine
+from vlrft.rollout.hf_engine import HFEngineConfig, HFRolloutEngine
 from vlrft.rollout.vllm_engine import VLLMConfig, VLLMRolloutEngine
 
 __all__ = [
+    "HFEngineConfig",
     "HFRolloutEngine",
     "Rollout",
     "RolloutEngine",
@@ -33,13 +35,25 @@ def make_engine(
     synced: bool = False,
     micro_batch_size: int = 16,
     vllm: VLLMConfig | None = None,
+    hf: HFEngineConfig | None = None,
     distributed: bool = False,
     seed: int = 0,
 ):
-    """``hf`` generates with ``model`` itself; ``vllm`` loads its own copy from ``model``'s folder
-    (``name_or_path``) and is kept in step by ``update_weights``."""
+    """``hf`` generates with ``model`` itself, or (``hf.inference_copy``) with a copy of it loaded from its folder;
+    ``vllm`` loads its own copy from ``model``'s folder (``name_or_path``); an engine's own copy is kept in step by
+    ``update_weights``. ``synced``: ``model``'s parameters are sharded over the ranks."""
     if name == "hf":
-        return HFRolloutEngine(model, processor, synced=synced, micro_batch_size=micro_batch_size)
+        dtype = next(model.parameters()).dtype
+        copy_dtype = hf.copy_dtype(dtype) if hf is not None and hf.wants_copy(synced) else None
+        static = hf is not None and hf.wants_static_cache(copy=copy_dtype is not None)
+        return HFRolloutEngine(
+            model,
+            processor,
+            synced=synced,
+            micro_batch_size=micro_batch_size,
+            copy_dtype=copy_dtype,
+            static_cache=static,
+        )
     if name == "vllm":
         dtype = next(model.parameters()).dtype
         return VLLMRolloutEngine(

@@ -1,4 +1,4 @@
-"""The ``hf`` rollout engine: batched ``generate`` on the policy module itself (in-process weights).
+"""The ``hf`` rollout engine: batched ``generate`` on the policy module itself, or on a copy of it.
 
 Images of a prompt are preprocessed once (the :class:`EncodedPrompt`) and, on an unsharded model
 (``prefill_once``), each prompt's prefill runs once: one forward over the left-padded prompts (the vision
@@ -7,18 +7,33 @@ to the n samples (``batch_repeat_interleave``, with Qwen-VL's m-rope offsets), a
 continues from it, so the prompt and its images are computed once per group instead of n times.
 Sharded models (FSDP2, ZeRO-3) generate through the root module in lockstep (``synced_gpus``) on the
 prompts repeated n times instead.
+
+The inference copy (``rollout.hf.inference_copy``): a plain, unwrapped model loaded from the policy's
+folder in the rollout dtype (bf16 on CUDA), refreshed after each update from ``Strategy.full_params()``
+(the stream the vllm engine reads) and offloaded to CPU memory while the policy trains (``sleep``). It
+generates instead of the training module: no FSDP2 / ZeRO-3 gather and no fp32 -> bf16 cast per decode
+step, no lockstep between ranks (each rank holds a whole copy), prefill once per prompt everywhere.
+
+Compiled decode (``rollout.hf.compile``, CUDA with the copy by default): the prefill's cache is copied into a
+:class:`StaticCache` of a bucketed length, on which ``generate`` compiles the decode step (torch.compile,
+CUDA graphs) by its own criteria; on CPU the same static cache runs eagerly and samples the same tokens.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterable
 
 import torch
+from transformers import StaticCache
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from data_pipelines.collate import EncodedPrompt, collate_prompts, tokenizer_of
+from vlrft.config import ConfigError, option
+from vlrft.models.loading import load_model
 from vlrft.rollout.base import Rollout, SamplingParams, vision_token_ids
 
 # later transformers 5 releases renamed the KV cache from past_key_values to cache; the old name still works there but
@@ -26,11 +41,68 @@ from vlrft.rollout.base import Rollout, SamplingParams, vision_token_ids
 CACHE = "cache" if "cache" in {f.name for f in dataclasses.fields(CausalLMOutputWithPast)} else "past_key_values"
 
 
-class HFRolloutEngine:
-    needs_all_params = False  # it reads no stream at all (see update_weights)
+@dataclass
+class HFEngineConfig:
+    """The ``hf`` engine (``rollout.engine=hf``)."""
 
-    def __init__(self, model: torch.nn.Module, processor, *, synced: bool = False, micro_batch_size: int = 16):
-        self.model = model
+    inference_copy: str = option(
+        "auto",
+        "generate with a plain copy of the policy in the rollout dtype, refreshed from the weight stream after each "
+        "update and offloaded to CPU during it (no parameter gather per decode step, no lockstep between ranks); "
+        "auto: on with CUDA or a strategy that shards parameters, off on one CPU process (where it only costs memory)",
+        choices=("auto", "on", "off"),
+    )
+    dtype: str = option(
+        "auto",
+        "the copy's dtype (auto: bfloat16 on CUDA, the policy's on CPU)",
+        choices=("auto", "float32", "bfloat16"),
+    )
+    compile: str = option(
+        "auto",
+        "decode with a static KV cache, each decode step compiled and captured as a CUDA graph (torch.compile "
+        "through transformers' generate; CUDA only, eager elsewhere: on makes CPU use the static cache too); auto: on "
+        "with CUDA and the inference copy",
+        choices=("auto", "on", "off"),
+    )
+
+    def copy_dtype(self, policy_dtype: torch.dtype) -> torch.dtype:
+        if self.dtype != "auto":
+            return getattr(torch, self.dtype)
+        return torch.bfloat16 if torch.cuda.is_available() else policy_dtype
+
+    def wants_copy(self, sharded: bool) -> bool:
+        """Whether the engine generates with a copy (``sharded``: the strategy shards parameters)."""
+        if self.inference_copy != "auto":
+            return self.inference_copy == "on"
+        return torch.cuda.is_available() or sharded
+
+    def wants_static_cache(self, copy: bool) -> bool:
+        """Whether an unsharded engine decodes with a static cache (compiled on CUDA by ``generate`` itself);
+        ``copy``: it generates with the inference copy (auto never compiles a wrapped training module)."""
+        return self.compile == "on" or (self.compile == "auto" and torch.cuda.is_available() and copy)
+
+
+class HFRolloutEngine:
+    # the copy keeps parameters that do not train (a frozen tower) from its load; without a copy no stream is read
+    needs_all_params = False
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        processor,
+        *,
+        synced: bool = False,
+        micro_batch_size: int = 16,
+        copy_dtype: torch.dtype | None = None,
+        static_cache: bool = False,
+    ):
+        """``model``: the policy (it generates, unless ``copy_dtype`` asks for an inference copy of that dtype).
+        ``static_cache``: decode with a static KV cache (unsharded only), which ``generate`` compiles on CUDA."""
+        self.copy = _inference_copy(model, copy_dtype) if copy_dtype is not None else None
+        self.params = dict(self.copy.named_parameters()) if self.copy is not None else {}
+        self.device = next(model.parameters()).device if self.copy is None else _copy_device()
+        self.model = self.copy if self.copy is not None else model  # the module that generates
+        synced = synced and self.copy is None  # a whole copy on every rank needs no lockstep
         self.processor = processor
         self.tokenizer = tokenizer_of(processor)
         self.synced = synced
@@ -42,24 +114,37 @@ class HFRolloutEngine:
         self.eos_ids = [i for i in (eos if isinstance(eos, (list, tuple)) else [eos]) if i is not None]
         self.pad_id = self.tokenizer.pad_token_id
         self.prefill_once = not synced
+        self.static_cache = static_cache and not synced
         # a response must never contain vision placeholders (the model would expect image features for them)
         self.suppress = vision_token_ids(self.tokenizer)
         self.merge_area = getattr(getattr(processor, "image_processor", None), "merge_size", 2) ** 2
 
     def update_weights(self, named_params: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """In-process engine: it generates with the training module, so it already has the weights (the
-        stream is not read, so a sharded strategy gathers nothing)."""
+        """Copy the stream into the inference copy (cast to its dtype). Without a copy the engine generates with
+        the training module, which already has the weights: the stream is not read, nothing is gathered."""
+        if self.copy is None:
+            return
+        with torch.no_grad():
+            for name, tensor in named_params:
+                target = self.params.get(name)
+                if target is None:
+                    raise KeyError(f"hf inference copy: the weight stream names {name!r}, which the copy lacks")
+                target.copy_(tensor)
 
-    def sleep(self) -> None:  # nothing held beyond the training module
-        pass
+    def sleep(self) -> None:
+        """Offload the copy to CPU memory while the policy trains (nothing to do on CPU or without a copy)."""
+        if self.copy is not None and self.device.type != "cpu":
+            self.copy.to("cpu")
+            torch.cuda.empty_cache()
 
     def wake(self) -> None:
-        pass
+        if self.copy is not None and self.device.type != "cpu":
+            self.copy.to(self.device)
 
-    def _inputs(self, batch: dict[str, torch.Tensor], n: int, device) -> dict[str, torch.Tensor]:
+    def _inputs(self, batch: dict[str, torch.Tensor], n: int, device, new_tokens: int) -> dict[str, torch.Tensor]:
         rep = {k: v.to(device) for k, v in batch.items()}
         if self.prefill_once and rep["input_ids"].shape[1] > 1:
-            return self._prefilled(rep, n)
+            return self._prefilled(rep, n, new_tokens)
         out = {
             "input_ids": rep["input_ids"].repeat_interleave(n, 0),
             "attention_mask": rep["attention_mask"].repeat_interleave(n, 0),
@@ -76,9 +161,10 @@ class HFRolloutEngine:
             out["image_grid_thw"] = torch.cat([g for g in grids for _ in range(n)])
         return out
 
-    def _prefilled(self, rep: dict[str, torch.Tensor], n: int) -> dict[str, torch.Tensor]:
+    def _prefilled(self, rep: dict[str, torch.Tensor], n: int, new_tokens: int) -> dict[str, torch.Tensor]:
         """``generate`` inputs whose KV cache already holds each prompt but its last token, computed once
-        per prompt and expanded to its n samples (prompts are left-padded: the last column is real)."""
+        per prompt and expanded to its n samples (prompts are left-padded: the last column is real); with
+        ``static_cache`` the cache is copied into a static one with room for ``new_tokens`` more."""
         cut = ("input_ids", "attention_mask", "mm_token_type_ids")
         prefix = {k: (v[:, :-1] if k in cut else v) for k, v in rep.items()}
         if "pixel_values" not in rep:  # the padding-aware text positions generate itself would use
@@ -87,8 +173,11 @@ class HFRolloutEngine:
         multimodal_rope = hasattr(inner, "rope_deltas")
         if multimodal_rope:
             inner.rope_deltas = None  # set by this prefill (image prompts) or zero (text positions above)
-        cache = getattr(self.model(**prefix, use_cache=True), CACHE)
+        # logits_to_keep=1: only the cache is kept, so the LM head runs on one position instead of every prompt token
+        cache = getattr(self.model(**prefix, use_cache=True, logits_to_keep=1), CACHE)
         cache.batch_repeat_interleave(n)
+        if self.static_cache:
+            cache = static_copy(cache, self.model.config, rep["input_ids"].shape[1] + new_tokens)
         if multimodal_rope:  # generate continues at text position + each prompt's m-rope offset
             deltas = inner.rope_deltas
             if deltas is None:
@@ -105,6 +194,8 @@ class HFRolloutEngine:
         model = self.model
         was_training = model.training
         model.eval()
+        if self.copy is not None:
+            self.wake()  # a no-op when awake
         device = next(model.parameters()).device
         rollouts: list[Rollout] = []
         try:
@@ -132,7 +223,7 @@ class HFRolloutEngine:
                 if sampling.stop:
                     kwargs.update(stop_strings=list(sampling.stop), tokenizer=self.tokenizer)
                 with _root_unsharded(model):  # the prefill and generate share the root's gathered parameters
-                    inputs = self._inputs(batch, sampling.n, device)
+                    inputs = self._inputs(batch, sampling.n, device, sampling.max_new_tokens)
                     out = model.generate(**inputs, **kwargs)
                 new = out[:, width:].cpu()
                 for row in range(new.shape[0]):
@@ -155,6 +246,41 @@ class HFRolloutEngine:
         if reason == "length" and sampling.stop and any(text.endswith(s) for s in sampling.stop):
             reason = "stop"
         return Rollout(prompt_index, torch.tensor(ids, dtype=torch.long), text, reason)
+
+
+# static caches are allocated in lengths of this many tokens, so that prompts of similar width share one
+# compiled decode step (a new cache length means a new graph)
+STATIC_CACHE_BUCKET = 256
+
+
+def static_copy(cache, config, length: int) -> StaticCache:
+    """A :class:`StaticCache` of ``length`` tokens (rounded up to :data:`STATIC_CACHE_BUCKET`) holding what the
+    dynamic ``cache`` holds: decode steps then run on fixed shapes, which ``generate`` compiles on CUDA (its
+    auto-compile criteria: a compileable cache on a GPU) into a captured graph, CUDA graphs by default."""
+    size = -(-length // STATIC_CACHE_BUCKET) * STATIC_CACHE_BUCKET
+    static = StaticCache(config=config, max_cache_len=size)
+    for i, layer in enumerate(cache.layers):
+        # cache_position: the releases whose static layers write where they are told (the CUDA image's 5.17)
+        position = torch.arange(layer.keys.shape[-2], device=layer.keys.device)
+        static.update(layer.keys, layer.values, i, {"cache_position": position})
+    return static
+
+
+def _copy_device() -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def _inference_copy(policy: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+    """A plain model of the policy's folder (``name_or_path``) in ``dtype``, in eval mode, without gradients.
+    Its weights are the folder's until the first :meth:`HFRolloutEngine.update_weights`."""
+    folder = getattr(policy, "name_or_path", "") or ""
+    if not folder or not Path(folder).is_dir():
+        raise ConfigError(
+            f"rollout.hf.inference_copy: the policy has no model folder to load the copy from (name_or_path="
+            f"{folder!r}); set rollout.hf.inference_copy=off"
+        )
+    copy, _ = load_model(folder, dtype, _copy_device(), processor=False)
+    return copy.eval().requires_grad_(False)
 
 
 @contextmanager

@@ -38,7 +38,11 @@ class StrategyConfig:
     zero_stage: int = option(2, "DeepSpeed ZeRO stage (deepspeed only)", choices=(1, 2, 3))
     grad_clip: float = option(1.0, "max global gradient norm (0 disables clipping)")
     mixed_precision: str = option(
-        "no", "parameter/compute dtype for training: 'bf16' on GPUs, 'no' keeps fp32", choices=("no", "bf16")
+        "auto",
+        "compute dtype of training forwards: bf16 (bf16 compute and collectives' gathers, fp32 master weights, "
+        "AdamW state and gradient reductions: FSDP2's MixedPrecisionPolicy, DeepSpeed's bf16, autocast for single) "
+        "or no (the parameters' dtype, model.dtype); auto: bf16 on CUDA, no on CPU (CPU results stay float32)",
+        choices=("auto", "bf16", "no"),
     )
     cpu_offload: bool = option(False, "offload parameters/optimizer state to CPU memory (fsdp2, deepspeed)")
     gradient_checkpointing: bool = option(False, "recompute activations in backward to save memory")
@@ -55,6 +59,11 @@ class StrategyConfig:
     heartbeat_timeout_s: float = option(
         60.0, "a rank silent this long (stuck) or gone (killed) stops every other rank, naming it (0: off)"
     )
+
+    @property
+    def bf16(self) -> bool:
+        """Whether training forwards compute in bf16 (``mixed_precision``, ``auto`` resolved for this machine)."""
+        return self.mixed_precision == "bf16" or (self.mixed_precision == "auto" and torch.cuda.is_available())
 
     def validate(self) -> None:
         if self.grad_clip < 0:

@@ -40,7 +40,7 @@ class DeepSpeedStrategy(Strategy):
             "gradient_accumulation_steps": 1,
             "gradient_clipping": self.cfg.grad_clip,
             "zero_optimization": zero,
-            "bf16": {"enabled": self.cfg.mixed_precision == "bf16"},
+            "bf16": {"enabled": self.cfg.bf16},  # bf16 module, fp32 master weights in the ZeRO optimizer
             "zero_allow_untested_optimizer": True,
             "zero_force_ds_cpu_optimizer": False,
             "steps_per_print": 10**9,

@@ -38,7 +38,7 @@ class FSDP2Strategy(Strategy):
         device_type = "cuda" if torch.cuda.is_available() else "cpu"
         mesh = init_device_mesh(device_type, (self.world_size,))
         kwargs: dict[str, Any] = {"mesh": mesh}
-        if self.cfg.mixed_precision == "bf16":
+        if self.cfg.bf16:  # each block's gathered parameters cast to bf16; its fp32 shards are the master weights
             kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         if self.cfg.cpu_offload:
             kwargs["offload_policy"] = CPUOffloadPolicy()

@@ -10,11 +10,36 @@ import torch
 from vlrft.strategies.base import Strategy
 
 
+class Autocast(torch.nn.Module):
+    """``module``'s forward under ``torch.autocast`` in bf16 (``strategy.mixed_precision``): matmuls compute in bf16
+    while the parameters, their gradients and the AdamW state stay in their own dtype (the fp32 master weights)."""
+
+    def __init__(self, module: torch.nn.Module, device_type: str):
+        super().__init__()
+        self.module, self.device_type = module, device_type
+
+    def forward(self, *args, **kwargs):
+        with torch.autocast(self.device_type, dtype=torch.bfloat16):
+            return self.module(*args, **kwargs)
+
+
 class SingleStrategy(Strategy):
     def prepare(self, model: torch.nn.Module, total_steps: int = 1, trainable: bool = True):
         model = self._adapt_model(model) if trainable else model
-        dtype = torch.bfloat16 if self.cfg.mixed_precision == "bf16" else None
-        return self._with_optimizer(model.to(device=self.device, dtype=dtype), total_steps, trainable)
+        model, optimizer, scheduler = self._with_optimizer(model.to(self.device), total_steps, trainable)
+        computed = Autocast(model, self.device.type) if self.cfg.bf16 else model  # what forwards call
+        if trainable:
+            self._train_module = computed
+        return computed, optimizer, scheduler
+
+    @property
+    def train_module(self) -> torch.nn.Module:
+        """The model, or its bf16 autocast wrapper (``strategy.mixed_precision``)."""
+        return getattr(self, "_train_module", self.model)
+
+    def unwrap(self, model: torch.nn.Module | None = None) -> torch.nn.Module:
+        model = model if model is not None else self.model
+        return model.module if isinstance(model, Autocast) else model
 
     def backward(self, loss: torch.Tensor, last_micro_batch: bool = True) -> None:
         self._check_loss(loss)

@@ -22,7 +22,9 @@ from vlrft.algorithms import (
 from vlrft.algorithms.rollout_correction import ROLLOUT_CORRECTIONS
 from vlrft.config import ConfigError, option
 from vlrft.loop import DataSourceConfig, RunConfig
+from vlrft.micro_batching import micro_batch_tokens_option
 from vlrft.models.loading import ModelConfig
+from vlrft.rollout.hf_engine import HFEngineConfig
 from vlrft.rollout.vllm_engine import VLLMConfig
 from vlrft.strategies.base import OptimConfig, StrategyConfig
 from vlrft.tools import ToolsConfig
@@ -77,6 +79,7 @@ class RolloutConfig:
         choices=("hf", "vllm"),
     )
     vllm: VLLMConfig = option(VLLMConfig(), "the vLLM engine (rollout.engine=vllm)")
+    hf: HFEngineConfig = option(HFEngineConfig(), "the hf engine (rollout.engine=hf)")
     rollout_batch_size: int = option(16, "prompts per RL step (global, over all ranks)", ge=1)
     n_samples_per_prompt: int = option(8, "responses sampled per prompt (the group size)", ge=1)
     micro_rollout_batch_size: int = option(16, "prompts per generate call per rank", ge=1)
@@ -186,6 +189,7 @@ class PolicyTrainLoopConfig(RunConfig):
         0, "samples per optimizer step, global (0: the whole rollout batch: one on-policy update)", ge=0
     )
     micro_train_batch_size: int = option(32, "samples per forward/backward per rank", ge=1)
+    micro_batch_tokens: int = micro_batch_tokens_option()
     shared_prompt_forward: bool = option(
         True, "each prompt (text, images, vision tower) computed once per group in every training-side forward"
     )

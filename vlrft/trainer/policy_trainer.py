@@ -40,6 +40,8 @@ from vlrft.algorithms import (
 )
 from vlrft.algorithms.rollout_correction import rollout_correction
 from vlrft.loop import Trainer
+from vlrft.micro_batching import sequence_micro_batches
+from vlrft.models.group_forward import shared_forward_applies
 from vlrft.nonfinite import NonFiniteGuard
 from vlrft.rollout import SamplingParams, make_engine, stack_rollout_logprobs
 from vlrft.rollout.base import vision_token_ids
@@ -132,6 +134,7 @@ class PolicyTrainer(Trainer):
             synced=strategy.shards_parameters,
             micro_batch_size=r.micro_rollout_batch_size,
             vllm=r.vllm,
+            hf=r.hf,
             distributed=strategy.distributed,
         )
         self.tools = tools
@@ -329,7 +332,8 @@ class PolicyTrainer(Trainer):
         global_n = int(s.all_reduce(torch.tensor(float(n)), "sum"))
         # train_batch_size is global: each rank takes its share of every mini-batch (0: the whole batch)
         mini = max(1, min(n, cfg.train.train_batch_size // s.world_size)) if cfg.train.train_batch_size else n
-        micro = max(1, cfg.train.micro_train_batch_size)
+        micro, budget = cfg.train.micro_train_batch_size, cfg.train.micro_batch_tokens
+        packed = self.shared and shared_forward_applies(self.train_module, exp.batch)
         agg: dict[str, list[float]] = {}
         g = torch.Generator().manual_seed(cfg.train.seed * 7919 + self.steps_done)
         t0 = time.perf_counter()
@@ -338,20 +342,24 @@ class PolicyTrainer(Trainer):
         for _ in range(cfg.train.max_epochs):
             order = torch.randperm(n, generator=g) if self._updates_per_step() > 1 else torch.arange(n)
             for m0 in range(0, n, mini):
-                mini_idx = order[m0 : m0 + mini]
-                micro_batches = [exp.micro_batch(mini_idx[k : k + micro]) for k in range(0, len(mini_idx), micro)]
-                masks = [mb["response_mask"] for mb in micro_batches]
+                # (samples, loss weight): micro_train_batch_size samples each, or up to micro_batch_tokens tokens
+                # each, as many on every rank (weight 0: a padding micro-batch that keeps the ranks in step)
+                parts = sequence_micro_batches(s, exp.batch, order[m0 : m0 + mini], budget, micro, packed=packed)
+                micro_batches = [exp.micro_batch(idx) for idx, _ in parts]
+                masks = [mb["response_mask"] for mb, (_, w) in zip(micro_batches, parts) if w]
                 gtc = global_token_count(masks)
                 gsc = global_sequence_count(masks)
                 tokens += sum(int(m.sum()) for m in masks)
                 losses.append(0.0)
-                for k, mb in enumerate(micro_batches):
+                for k, (mb, (_, weight)) in enumerate(zip(micro_batches, parts)):
                     last = k == len(micro_batches) - 1
                     loss, m = self._micro_loss(mb, gtc, gsc)
-                    s.backward(loss * s.world_size, last_micro_batch=last)
-                    losses[-1] += float(loss.detach())
+                    s.backward(loss * (s.world_size * weight), last_micro_batch=last)
                     if self.critic is not None:
-                        m.update(self._critic_micro_step(mb, gtc, gsc, last))
+                        m.update(self._critic_micro_step(mb, gtc, gsc, last, weight))
+                    if not weight:  # a padding micro-batch: it only kept the ranks in step
+                        continue
+                    losses[-1] += float(loss.detach())
                     for key, val in m.items():
                         agg.setdefault(key, []).append(val)
                 grad_norm = s.step()
@@ -370,9 +378,11 @@ class PolicyTrainer(Trainer):
         if isinstance(self.kl_ctl, AdaptiveKLController) and "kl" in metrics:
             self.kl_ctl.update(metrics["kl"], global_n)
 
-    def _critic_micro_step(self, mb: dict[str, torch.Tensor], gtc: int, gsc: int, last: bool) -> dict[str, float]:
-        """PPO's clipped value loss on one micro-batch, weighted by ``value_coef``, backpropagated into the
-        critic (logged unweighted as ``critic/loss``)."""
+    def _critic_micro_step(
+        self, mb: dict[str, torch.Tensor], gtc: int, gsc: int, last: bool, weight: float = 1.0
+    ) -> dict[str, float]:
+        """PPO's clipped value loss on one micro-batch, weighted by ``value_coef`` (and ``weight``: 0 for a
+        padding micro-batch), backpropagated into the critic (logged unweighted as ``critic/loss``)."""
         a, cs = self.cfg.algorithm, self.critic_strategy
         values = response_values(self.critic_module, mb, mb["response_ids"].shape[1], cs.device, self.shared)
         dev = values.device
@@ -387,7 +397,7 @@ class PolicyTrainer(Trainer):
             num_sequences=gsc,
             max_response_length=self.cfg.rollout.max_new_tokens,
         )
-        cs.backward(a.value_coef * loss * cs.world_size, last_micro_batch=last)
+        cs.backward(a.value_coef * weight * loss * cs.world_size, last_micro_batch=last)
         return {"critic/loss": float(loss.detach()), **{f"critic/{k}": float(v) for k, v in m.items()}}
 
     def _micro_loss(self, mb: dict[str, torch.Tensor], gtc: int, gsc: int) -> tuple[torch.Tensor, dict[str, float]]:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from vlrft.algorithms import LOSS_AGG_MODES, PREFERENCE_LOSSES
 from vlrft.config import option
 from vlrft.loop import DataSourceConfig, RunConfig
+from vlrft.micro_batching import micro_batch_tokens_option
 from vlrft.strategies.base import OptimConfig, StrategyConfig
 from vlrft.tools import ToolsConfig
 from vlrft.tracking import LoggingConfig
@@ -38,6 +39,7 @@ class SupervisedTrainConfig(RunConfig):
 
     batch_size: int = option(16, "records (sft) or pairs (dpo) per step per process", ge=1)
     micro_batch_size: int = option(0, "records per forward for gradient accumulation (0: the whole batch)", ge=0)
+    micro_batch_tokens: int = micro_batch_tokens_option()
     eval_batch_size: int = option(16, "prompts per generate call in held-out evaluation", ge=1)
     eval_max_new_tokens: int = option(8, "greedy answer length limit in held-out evaluation", ge=1)
     eval_verifier: str = option("vocab_answer", "rule verifier scoring held-out greedy answers (reward_models)")

@@ -168,6 +168,9 @@ class SFTTask:
     def encode(self, records: list[ChatRecord]) -> dict:
         return self.enc.collate(records)
 
+    def tokens(self, record: ChatRecord) -> int:
+        return int(self.enc.chat(record).input_ids.numel())
+
     def units(self, batch: dict) -> float:
         mask = batch["labels"][:, 1:] != -100
         return float(mask.sum() if self.mode == "token-mean" else (mask.sum(-1) > 0).sum())
@@ -232,6 +235,9 @@ class DPOTask:
 
     def units(self, batch: dict) -> float:
         return float(batch["ref_logps"].numel() // 2)
+
+    def tokens(self, pair: PreferencePair) -> int:
+        return sum(int(self.enc.chat(c).input_ids.numel()) for c in self.conversations(pair))
 
     def pair_losses(self, module: Any, batch: dict) -> tuple[torch.Tensor, dict]:
         _, mask, seq = sequence_logprobs(module, batch, self.device)
@@ -334,6 +340,7 @@ def _trainer(run: Run, task: Any, records: list, evaluate: Any) -> SupervisedTra
         seed=t.seed,
         guard=run.guard,
         micro_batch_size=t.micro_batch_size,
+        micro_batch_tokens=t.micro_batch_tokens,
         evaluate=evaluate,
         console_keys=CONSOLE_KEYS,
     )

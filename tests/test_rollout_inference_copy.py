@@ -1,0 +1,55 @@
+"""The hf engine's inference copy (``rollout.hf.inference_copy``): it samples as the training model does, before
+and after real updates, in one process and with FSDP2 / ZeRO-3 on 2 gloo ranks (where it also ends the lockstep
+generation); ``auto`` leaves one CPU process as it was."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from launch import subprocess_env, torchrun
+from tolerance import assert_within
+
+from vlrft.models.loading import load_model
+from vlrft.rollout import HFEngineConfig, make_engine
+
+SCRIPT = Path(__file__).parent / "dist" / "inference_copy.py"
+
+
+def test_auto_keeps_one_cpu_process_on_the_training_module_and_copies_for_sharded(tiny_model):
+    model, proc = load_model(tiny_model("qwen2_5_vl"))
+    auto = HFEngineConfig()
+    assert make_engine("hf", model, proc, hf=auto).copy is None  # one CPU process: the numbers stay as they were
+    assert auto.wants_copy(sharded=True) and not auto.wants_copy(sharded=False)
+    copied = make_engine("hf", model, proc, synced=True, hf=auto)
+    assert copied.copy is not None and copied.model is copied.copy and not copied.synced and copied.prefill_once
+    assert all(not p.requires_grad for p in copied.copy.parameters())
+    assert HFEngineConfig(dtype="bfloat16").copy_dtype(model.dtype) is __import__("torch").bfloat16
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("strategy", ["single", "fsdp2", "deepspeed"])
+def test_the_copy_samples_as_the_training_model_before_and_after_updates(tiny_model, tmp_path, strategy):
+    """Greedy tokens identical; the log-probs of the copy's sampled tokens under the copy and under the
+    training module agree (float32) before two AdamW steps and after the copy is refreshed from the weight
+    stream; between the steps and the refresh the copy is stale (what the check would catch)."""
+    out = tmp_path / "copy"
+    args = [str(SCRIPT), str(tiny_model("qwen2_5_vl")), str(out), strategy]
+    cmd = [sys.executable, *args] if strategy == "single" else torchrun(*args, nproc=2)
+    res = subprocess.run(cmd, capture_output=True, text=True, env=subprocess_env(), timeout=900)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-6000:]
+    ranks = sorted(tmp_path.glob("copy.*"))
+    assert len(ranks) == (1 if strategy == "single" else 2)
+    for rank_file in ranks:
+        r = json.loads(rank_file.read_text())
+        print(strategy, rank_file.name, r)
+        assert r["copy"] and not r["copy_lockstep"] and r["policy_lockstep"] == (strategy != "single")
+        for when in ("before", "after"):
+            assert r[when]["greedy_equal"] and r[when]["greedy_tokens"] >= 4 * 4, (when, r[when])
+            # the same float32 model in another module (and, sharded, another forward: gathered shards, packed
+            # vs padded layout): a few ulps of log-probs of ~7 through ~10 reordered sums, ~1e-6 at worst
+            assert_within(r[when]["logprob_gap"], 1e-5, f"{strategy} {rank_file.name} {when}: copy vs policy log-probs")
+        assert r["stale"]["logprob_gap"] > 1e-3, r["stale"]  # two AdamW steps at lr 5e-3 moved the policy
