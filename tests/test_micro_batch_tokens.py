@@ -21,7 +21,7 @@ from vlrft.rollout import Rollout
 from vlrft.strategies import make_strategy
 from vlrft.supervised import train_step
 from vlrft.trainer.config import PolicyTrainConfig
-from vlrft.trainer.experience import group_rollouts
+from vlrft.trainer.experience import group_rollouts, score_rollouts
 from vlrft.trainer.policy_trainer import PolicyTrainer
 from vlrft.trainer.supervised_config import DPOTrainConfig, SFTTrainConfig
 from vlrft.trainer.supervised_run import DPOTask, SFTTask
@@ -113,7 +113,7 @@ def _policy_update(path, tmp_path, extra: list[str], critic: bool) -> tuple[dict
     )
     rollouts = _rollouts(records, proc.tokenizer, 4)
     prompts = [encode_prompt(proc, r) for r in records]
-    combined, per_source, _ = trainer._score(records, rollouts)
+    combined, per_source, _ = score_rollouts(trainer.reward_pool, records, rollouts, trainer.cfg.tools)
     exp = trainer.experience_from(group_rollouts(records, prompts, rollouts, combined, per_source), {})
     grads: dict = {}
     _capture(strategy, model, grads)
