@@ -46,7 +46,7 @@ from vlrft.nonfinite import NonFiniteGuard
 from vlrft.rollout import SamplingParams, make_engine, stack_rollout_logprobs
 from vlrft.rollout.base import vision_token_ids
 from vlrft.rollout.trajectories import TrajectoryRunner
-from vlrft.sampling import seeded_permutation
+from vlrft.sampling import PromptStream
 from vlrft.strategies import Strategy
 from vlrft.strategies.base import mean_over_ranks
 from vlrft.tools import ToolBox
@@ -148,9 +148,8 @@ class PolicyTrainer(Trainer):
         self.normalizer = RunningRewardNormalizer() if a.normalize_rewards else None
         self.guard = guard or NonFiniteGuard(cfg.train.max_nonfinite_steps)
         self.steps_done = 0  # steps done (the index of the one running, while it runs)
-        self.cursor = 0  # prompts consumed so far (global), defines the data position
+        self.prompts = PromptStream(train_records, cfg.data.group_size, cfg.train.seed)  # its cursor: the position
         self._step_prompt_ids: list[str] = []
-        self._order_cache: tuple[int, list[int]] = (-1, [])  # (episode, its prompt order)
         self.out = Path(cfg.train.output_dir)
         # the vision placeholders no engine samples: log-probs are those of the sampling distribution
         self.suppress = torch.tensor(vision_token_ids(self.tokenizer), dtype=torch.long)
@@ -162,21 +161,9 @@ class PolicyTrainer(Trainer):
         per_epoch = total // (self.cfg.train.train_batch_size or total)
         return per_epoch * self.cfg.train.max_epochs
 
-    def _order(self, episode: int) -> list[int]:
-        g = self.cfg.data.group_size  # groups of g consecutive records are permuted as units
-        groups = seeded_permutation(len(self.train_records) // g, self.cfg.train.seed, episode)
-        return [k * g + j for k in groups for j in range(g)]
-
     def _next_prompts(self, count: int) -> list[PromptRecord]:
         """The next ``count`` prompts of the global stream; returns this rank's share."""
-        n = len(self.train_records)
-        picked = []
-        for k in range(self.cursor, self.cursor + count):
-            episode, offset = divmod(k, n)
-            if self._order_cache[0] != episode:
-                self._order_cache = (episode, self._order(episode))
-            picked.append(self.train_records[self._order_cache[1][offset]])
-        self.cursor += count
+        picked = self.prompts.take(count)
         self._step_prompt_ids += [r.id for r in picked]
         s = self.strategy
         return picked[s.rank :: s.world_size]
@@ -482,7 +469,7 @@ class PolicyTrainer(Trainer):
     def state_dict(self) -> dict[str, Any]:
         return {
             "steps_done": self.steps_done,
-            "cursor": self.cursor,
+            "cursor": self.prompts.cursor,
             "kl_coef": self.kl_ctl.value,
             "normalizer": self.normalizer.state_dict() if self.normalizer is not None else None,
             "reward_pool": self.reward_pool.state_dict(),
@@ -491,7 +478,7 @@ class PolicyTrainer(Trainer):
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.steps_done, self.cursor, self.kl_ctl.value = state["steps_done"], state["cursor"], state["kl_coef"]
+        self.steps_done, self.prompts.cursor, self.kl_ctl.value = state["steps_done"], state["cursor"], state["kl_coef"]
         if self.normalizer is not None and state["normalizer"] is not None:
             self.normalizer.load_state_dict(state["normalizer"])
         self.reward_pool.load_state_dict(state["reward_pool"])
