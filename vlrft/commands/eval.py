@@ -62,7 +62,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         nargs="+",
         metavar="TOOL",
         help="multi-turn with tools (docs/tools.md): zoom, crop, rotate, calculator or path/to/file.py:function; "
-        "accuracy is also measured with every call answered 'tools are switched off' (OUT/no_tools/)",
+        "accuracy is also measured with the tools' answers withheld, blank images and no text (OUT/withheld/)",
     )
     p.add_argument("--max-turns", type=int, default=4, help="assistant turns per trajectory with --tools (default 4)")
     p.add_argument(
@@ -166,7 +166,7 @@ def run(args: argparse.Namespace) -> int:
     )
     run_info = {"model": str(args.model), "data": str(args.data), "split": args.split, "limit": args.limit}
     if args.tools:
-        run_info.update(tools=list(args.tools), max_turns=args.max_turns, tools_switched_off=False)
+        run_info.update(tools=list(args.tools), max_turns=args.max_turns, tools_withheld=False)
     check_out_dir(args.out, run_settings(bench, len(records), **sampling, run_info=run_info), not args.overwrite)
     # a prompt past the model's positions fails or degrades only when its batch comes up: count them all now,
     # without reading images (a lower bound for image records), from the tokenizer alone
@@ -195,10 +195,10 @@ def run(args: argparse.Namespace) -> int:
     image_kwargs = {"max_pixels": args.max_pixels, "min_pixels": None} if args.max_pixels else None
     engine = make_engine(args.engine, model, processor, micro_batch_size=args.batch_size)
     runs = {args.out: None}
-    if tools is not None:  # with the tools, then with every call answered that they are switched off
+    if tools is not None:  # with the tools, then with their answers withheld
         runs = {
             args.out: TrajectoryRunner(engine, processor, tools, tools.cfg),
-            str(Path(args.out) / "no_tools"): TrajectoryRunner(engine, processor, tools, tools.cfg, switched_off=True),
+            str(Path(args.out) / "withheld"): TrajectoryRunner(engine, processor, tools, tools.cfg, withheld=True),
         }
     try:
         for out, trajectories in runs.items():
@@ -213,11 +213,11 @@ def run(args: argparse.Namespace) -> int:
                 progress=not args.no_progress,
                 image_kwargs=image_kwargs,
                 engine=engine,
-                run_info={**run_info, "tools_switched_off": True} if out != args.out else run_info,
+                run_info={**run_info, "tools_withheld": True} if out != args.out else run_info,
                 trajectories=trajectories,
             )
             lo, hi = metrics["accuracy_ci95"]
-            what = "" if out == args.out else " with tools switched off"
+            what = "" if out == args.out else " with the tools' answers withheld"
             print(
                 f"{bench.name}{what}: accuracy {metrics['accuracy']:.4f} (95% CI {lo:.4f}-{hi:.4f}) on "
                 f"{metrics['num_problems']} problems, format rate {metrics['format_rate']:.4f}"

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from PIL import Image
 
 from data_pipelines.collate import EncodedPrompt, tokenizer_of
 from data_pipelines.turns import concat, encode_observation
@@ -29,8 +30,6 @@ from vlrft.rollout.base import Rollout, SamplingParams, Trajectory
 from vlrft.tools.base import CallError, ToolCall, ToolResult, parse_tool_calls, tool_message
 from vlrft.tools.box import ToolBox, ToolsConfig
 from vlrft.tools.builtin import ImageView, view_of
-
-SWITCHED_OFF = "tools are switched off; answer with what you have seen"
 
 
 @dataclass
@@ -53,14 +52,20 @@ class _Open:
     text: str = ""
 
 
-class TrajectoryRunner:
-    """Runs trajectories for an engine and a processor with a run's tools (``box``). ``switched_off``: the same
-    prompt (the tools listed), but every call is answered that tools are switched off, so the policy must answer
-    from what the prompt showed it: what its accuracy owes to the tools' answers."""
+def _withheld(result: ToolResult) -> ToolResult:
+    """A tool's answer without its information: blank images of the same sizes, no text."""
+    return ToolResult("", [Image.new("RGB", im.size, (128, 128, 128)) for im in result.images])
 
-    def __init__(self, engine: Any, processor: Any, box: ToolBox, cfg: ToolsConfig, switched_off: bool = False):
+
+class TrajectoryRunner:
+    """Runs trajectories for an engine and a processor with a run's tools (``box``). ``withheld``: the same prompts,
+    calls and turns, but each tool's answer is withheld: its images are replaced by blank (mid-grey) images of the
+    same size and its text by nothing, so the policy can only answer from what the prompt showed it; the accuracy
+    then measured is what remains without the information the tools return."""
+
+    def __init__(self, engine: Any, processor: Any, box: ToolBox, cfg: ToolsConfig, withheld: bool = False):
         self.engine, self.processor, self.box, self.cfg = engine, processor, box, cfg
-        self.switched_off = switched_off
+        self.withheld = withheld
         self.schemas = box.schemas
         tok = tokenizer_of(processor)
         self.tokenizer = tok
@@ -152,8 +157,6 @@ class TrajectoryRunner:
                     out[i][k] = CallError(
                         "bad_arguments", f"at most {self.cfg.max_calls_per_turn} calls per turn", c.name
                     )
-                elif self.switched_off:
-                    out[i][k] = CallError("switched_off", SWITCHED_OFF, c.name)
                 else:
                     jobs.append((i, k, c))
         if jobs:
@@ -174,7 +177,7 @@ class TrajectoryRunner:
                 t.errors[r.kind] += 1
             else:
                 t.calls[t.turns[-1]["calls"][k]["name"]] += 1
-                r = ToolResult(r.text, [im.convert("RGB") for im in r.images])
+                r = _withheld(r) if self.withheld else ToolResult(r.text, [im.convert("RGB") for im in r.images])
                 new_images += r.images
             messages.append(tool_message(r))
             shown = [c for c in messages[-1]["content"] if c["type"] == "text"]

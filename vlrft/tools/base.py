@@ -23,7 +23,7 @@ from typing import Any, Callable
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 _CALL = re.compile(re.escape(CALL_OPEN) + r"(.*?)" + re.escape(CALL_CLOSE), re.DOTALL)
 MAX_CALL_CHARS = 4096  # a call's JSON beyond this is refused unread
-ERROR_KINDS = ("malformed", "unknown_tool", "bad_arguments", "raised", "timeout", "image_limit", "switched_off")
+ERROR_KINDS = ("malformed", "unknown_tool", "bad_arguments", "raised", "timeout", "image_limit")
 
 
 @dataclass

@@ -58,8 +58,10 @@ class ToolsConfig:
     error_reward: float = option(
         0.0, "added per call that failed (malformed, unknown tool, bad arguments, ...)", finite=True
     )
-    eval_without_tools: bool = option(
-        True, "held-out evaluation also with every call answered 'tools are switched off' (eval/no_tools/*)"
+    eval_withheld: bool = option(
+        True,
+        "held-out evaluation also with the tools' answers withheld (blank images, no text: eval/withheld/*): what "
+        "the accuracy owes to what the tools return",
     )
 
     @property

@@ -24,8 +24,8 @@ def heldout_eval(trainer, records: list[PromptRecord] | None = None) -> dict[str
     mine = records[s.rank :: s.world_size]
     bench = user_benchmark("heldout", trainer.accuracy_verifier, cfg.data.prompt_template)
     runs = {"": trainer.trajectories}
-    if trainer.trajectories is not None and cfg.tools.eval_without_tools:  # what the accuracy owes to the tools
-        runs["no_tools/"] = TrajectoryRunner(trainer.engine, trainer.processor, trainer.tools, cfg.tools, True)
+    if trainer.trajectories is not None and cfg.tools.eval_withheld:  # what the accuracy owes to the tools' answers
+        runs["withheld/"] = TrajectoryRunner(trainer.engine, trainer.processor, trainer.tools, cfg.tools, True)
     metrics = {}
     for prefix, trajectories in runs.items():
         got = evaluate(
