@@ -19,6 +19,7 @@ from tolerance import assert_within
 
 from data_pipelines.chat import ChatRecord, encode_chat
 from data_pipelines.collate import EncodedPrompt, collate_sequences, encode_prompt, processor_image_kwargs
+from data_pipelines.images import qwen_size
 from data_pipelines.synthetic import make_prompt_records
 from data_pipelines.turns import concat, encode_observation
 from vlrft.models.loading import load_model
@@ -30,12 +31,12 @@ from vlrft.trainer.experience import response_logprobs
 END = "<|im_end|>"
 
 
-@pytest.fixture(scope="module")
-def tool_model(tiny_model):
-    return load_model(tiny_model("qwen2_5_vl", tool_tokens=True), "float32")
+@pytest.fixture(scope="module", params=["qwen2_5_vl", "qwen3_vl"])
+def tool_model(request, tiny_model):
+    return load_model(tiny_model(request.param, tool_tokens=True), "float32")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def box(tool_model):
     box = ToolBox(ToolsConfig(names=["zoom", "calculator"]), processor_image_kwargs(tool_model[1]))
     yield box
@@ -167,10 +168,9 @@ def test_tool_errors_are_observations_not_exceptions(tool_model, box):
     record = make_prompt_records("mark_color", 1, seed=3)[0]
     views = [view_of(im, box.bounds) for im in record.images]
     assert box.run(ToolCall("zom", {}), views).kind == "unknown_tool"
-    assert box.run(ToolCall("zoom", {"region": "top"}), views).images[0].size == (
-        140,
-        56,
-    )  # 224x112 scaled to fit 12,544 pixels, sides x28
+    # the top half (224x112) scaled to the processor's most pixels, sides multiples of its factor
+    top = box.run(ToolCall("zoom", {"region": "top"}), views).images[0]
+    assert top.size == qwen_size((224 * 8, 112 * 8), **box.bounds) and top.size[0] == 2.5 * top.size[1]
     for args in ({}, {"region": "top", "box": [0, 0, 5, 5]}, {"box": [5, 5, 1, 1]}, {"region": "top", "image": 2}):
         failed = box.run(ToolCall("zoom", args), views)
         assert isinstance(failed, CallError) and failed.kind == "bad_arguments", (args, failed)
