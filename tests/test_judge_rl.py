@@ -8,11 +8,14 @@ from pathlib import Path
 
 import pytest
 
+from data_pipelines.errors import DataError
 from data_pipelines.formatting import judgment_as_prompt
 from data_pipelines.synthetic import make_judgment_records
+from data_pipelines.writers import write_records
 from reward_models.verifiers import get_verifier
 from vlrft.config import load_config
 from vlrft.trainer.config import PolicyTrainConfig
+from vlrft.trainer.preflight import preflight_policy
 from vlrft.trainer.run import train_policy
 
 RECIPE = Path(__file__).resolve().parents[1] / "configs" / "policy" / "judge_rl.yaml"
@@ -44,6 +47,26 @@ def test_judgment_records_become_verifiable_prompts():
     assert verdict("B", "A", **meta).score == 0.0 and fmt("B", "A", **meta).score == 1.0
     assert fmt("B", "A", **meta).format_ok is False and fmt("<answer>B</answer>", "A", **meta).format_ok
     assert fmt("nothing here", "A", **meta).score == 0.0
+
+
+def test_preflight_checks_judgment_files_as_the_prompts_they_become(tiny_model, tmp_path):
+    """A judgment file passes preflight as judgment records (not prompt records: those have no target),
+    and a judgment whose target has no verdict is named with its file and line."""
+    data = write_records(
+        make_judgment_records("color", 8, 0, judge_mode="pairwise", paired=True, num_colors=2),
+        tmp_path / "judgments.jsonl",
+        image_dir=tmp_path / "images",
+    )
+    over = [f"data.train_source={data}", f"data.eval_source={data}", "rollout.rollout_batch_size=2"]
+    cfg = _config(tmp_path / "run", tiny_model("qwen2_5_vl"), *over)
+    reports = preflight_policy(cfg, world=1)
+    assert (reports["data.train_source"].read, reports["data.train_source"].kept) == (8, 8)
+    lines = data.read_text().splitlines()
+    bad = json.loads(lines[2])
+    bad["target"] = "no verdict here"
+    data.write_text("\n".join([*lines[:2], json.dumps(bad), *lines[3:]]) + "\n")
+    with pytest.raises(DataError, match=r"judgments.jsonl:3 .*has no <answer> verdict"):
+        preflight_policy(cfg, world=1)
 
 
 def test_train_policy_runs_on_judgment_records(tiny_model, tmp_path):

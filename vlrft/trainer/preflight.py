@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from data_pipelines.errors import DataError
-from data_pipelines.formatting import PROMPT_TEMPLATES
+from data_pipelines.formatting import PROMPT_TEMPLATES, judgment_as_prompt
 from data_pipelines.readers import SkipReport, read_records
-from data_pipelines.records import PromptRecord
+from data_pipelines.records import JudgmentRecord, PromptRecord
 from data_pipelines.synthetic import synthetic_task
 from reward_models.config import RewardModelTrainConfig
 from reward_models.pool import RewardPoolConfig
@@ -110,7 +110,12 @@ def record_check(pool: RewardPoolConfig, vision: bool, model_key: str) -> Callab
     needs = {s.name: SOURCE_KINDS[s.kind].needs(s) for s in pool.sources}
     text_only = images_check(vision, model_key)
 
-    def check(record: PromptRecord) -> None:
+    def check(record: PromptRecord | JudgmentRecord) -> None:
+        if isinstance(record, JudgmentRecord):  # judge RL: checked as the prompt it becomes
+            try:
+                record = judgment_as_prompt(record)
+            except ValueError as e:
+                raise DataError(str(e), category="no verdict", field="target") from None
         for s in _sources_for(pool, record.task):
             what = SOURCE_KINDS[s.kind].describe(s)
             if "answer" in needs[s.name] and (record.answer is None or not str(record.answer).strip()):
@@ -184,7 +189,7 @@ def preflight_policy(cfg: PolicyTrainConfig, world: int | None = None) -> dict[s
             reports[key] = check_data_source(
                 source,
                 key,
-                "prompt",
+                cfg.data.record_kind,
                 cfg.data.on_bad_record,
                 check,
                 column_map=cfg.data.column_map,
