@@ -138,7 +138,7 @@ def _noise(im: Image.Image, amount: int, rng: random.Random) -> Image.Image:
     return Image.fromarray(np.clip(arr, 0, 255).astype(np.uint8), "RGB")
 
 
-def _check_range(name: str, value: int, lo: int, hi: int) -> None:
+def _check_range(name: str, value: float, lo: float, hi: float) -> None:
     if not lo <= value <= hi:
         raise ValueError(f"{name} must be in {lo}..{hi}, got {value}")
 
@@ -243,12 +243,16 @@ def _mark_color(
     dark: int = 40,
     question: str = "What colour is the small mark?",
     demo_zooms: int = 1,
+    demo_share: float = 1.0,
 ) -> list[tuple]:
     """A small mark's colour, readable only by zooming into its (lighter) quadrant; see the module doc.
     ``demo_zooms`` 2: the demonstration zooms again into the centre of the first zoom's image (image 2), so that
-    tool trajectories return images in turns 2 and 3."""
+    tool trajectories return images in turns 2 and 3. ``demo_share``: the share of records whose demonstration
+    calls the tool; the others answer at once (a guess, the mark being unreadable), so that a policy cold-started
+    on them calls the tool for about that share of images and reinforcement learning has the choice to learn."""
     if demo_zooms not in (1, 2):
         raise ValueError(f"demo_zooms must be 1 or 2, got {demo_zooms}")
+    _check_range("demo_share", demo_share, 0.0, 1.0)
     names = list(colors or MARK_COLORS)
     half = image_size // 2
     if mark_size % 2 or mark_size > half - 8:
@@ -268,12 +272,15 @@ def _mark_color(
         squares = np.where(((yy + xx) % 2 == 0)[..., None], color, 255 - color).astype(np.uint8)
         arr[y : y + mark_size, x : x + mark_size] = squares
         region = QUADRANTS[quadrant]
+        calls = [{"name": "zoom", "arguments": {"region": region}}]
+        calls += [{"name": "zoom", "arguments": {"region": "center", "image": 2}}] * (demo_zooms - 1)
+        if demo_share < 1.0 and rng.random() >= demo_share:  # drawn only then: records of share 1 unchanged
+            calls = []
         meta = {
             "vocabulary": names,
             "region": region,
             "box": [x, y, x + mark_size, y + mark_size],
-            "demonstration": [{"name": "zoom", "arguments": {"region": region}}]
-            + [{"name": "zoom", "arguments": {"region": "center", "image": 2}}] * (demo_zooms - 1),
+            "demonstration": calls,
         }
         out.append((Image.fromarray(arr, "RGB"), question, answer, meta))
     return out
