@@ -13,6 +13,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 from tolerance import assert_within
@@ -143,6 +145,11 @@ def test_calls_are_parsed_never_evaluated_and_bad_ones_are_errors():
     ]
     assert kinds == ["malformed", "malformed", "malformed"]
     assert parse_tool_calls("<tool_call>" + "{" * 5000 + "</tool_call>")[0].kind == "malformed"
+    # 10 MB of arguments: refused unread (a counted "malformed" observation), in well under the tools' time limit
+    t0 = time.monotonic()
+    (huge,) = parse_tool_calls(format_tool_call("zoom", {"region": "x" * 10_000_000}))
+    assert huge.kind == "malformed" and "10000045 characters (at most 4096)" in huge.message, huge
+    assert time.monotonic() - t0 < 1.0  # measured about 0.01 s; the regex and the length check are linear
     zoom = BUILTIN_TOOLS["zoom"].parameters
     assert check_arguments(zoom, {"region": "top_left"}) is None
     assert "not one of" in check_arguments(zoom, {"region": "upstairs"})
