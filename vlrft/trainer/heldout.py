@@ -25,7 +25,7 @@ def heldout_eval(trainer, records: list[PromptRecord] | None = None) -> dict[str
     bench = user_benchmark("heldout", trainer.accuracy_verifier, cfg.data.prompt_template)
     runs = {"": trainer.trajectories}
     if trainer.trajectories is not None and cfg.tools.eval_withheld:  # what the accuracy owes to the tools' answers
-        runs["withheld/"] = TrajectoryRunner(trainer.engine, trainer.processor, trainer.tools, cfg.tools, True)
+        runs["withheld/"] = TrajectoryRunner(trainer.engine, trainer.processor, trainer.tools, cfg.tools, withheld=True)
     metrics = {}
     for prefix, trajectories in runs.items():
         got = evaluate(
