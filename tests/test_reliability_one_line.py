@@ -202,3 +202,28 @@ def test_a_text_only_reward_model_given_image_records_is_one_line_before_anythin
         "(model.tiny_arch=qwen2) is text-only"
     )
     assert not out.exists()
+
+
+def test_a_stale_deepspeed_build_lock_is_one_line_not_a_silent_wait(tiny_model, tmp_path, capsys, monkeypatch):
+    """A DeepSpeed op build killed mid-way leaves ``<TORCH_EXTENSIONS_DIR>/<op>/lock``, and every later DeepSpeed
+    run waited on it forever, idle and silent (seen: three distributed tests of a CI run hung after an earlier run
+    was killed). A lock older than any build is now one line naming it; a fresh one (a build running) is left be."""
+    import os
+    import time
+
+    from vlrft.strategies.deepspeed import STALE_BUILD_LOCK_S, check_build_locks
+
+    lock = tmp_path / "ext" / "deepspeed_shm_comm" / "lock"
+    lock.parent.mkdir(parents=True)
+    lock.touch()
+    check_build_locks(tmp_path / "ext")  # a build holds it now: no error
+    old = time.time() - STALE_BUILD_LOCK_S - 60
+    os.utime(lock, (old, old))
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "ext"))
+    run = [f"model.path={tiny_model('qwen2')}", "data.train_source=synthetic:color", "data.eval_source="]
+    run += ["strategy.name=deepspeed", "train.max_steps=1", "logging.wandb=disabled"]
+    run += [f"train.output_dir={tmp_path / 'r'}"]
+    assert main(["train-sft", *run]) == 2
+    line = _last_line(capsys)
+    assert line.startswith(f"vlrft train-sft: error: {lock} is a build lock 21 minutes old"), line
+    assert line.endswith(f"Remove it (rm {lock}) if no build is running, and run again"), line

@@ -8,18 +8,47 @@ accumulation boundary itself.
 from __future__ import annotations
 
 import pickle
+import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from vlrft.errors import KnownError
 from vlrft.strategies.base import Strategy, make_optimizer, make_scheduler
+
+# A build of one of DeepSpeed's ops (the CPU shared-memory communicator, minutes at most on 2 cores) holds
+# ``<extensions>/<op>/lock`` while it compiles; a build killed mid-way leaves it, and every later build of that
+# op then waits on it forever, idle and silent. Older than this, no build is running.
+STALE_BUILD_LOCK_S = 20 * 60
+
+
+def check_build_locks(root: str | Path | None = None, now: float | None = None) -> None:
+    """Stop with one message naming a stale build lock of torch's extensions folder (``TORCH_EXTENSIONS_DIR``,
+    or torch's default) instead of waiting on it forever."""
+    if root is None:
+        from torch.utils.cpp_extension import _get_build_directory  # torch's rule for the folder (env or default)
+
+        root = _get_build_directory("", False)  # the root itself: no op's folder is made
+    now = time.time() if now is None else now
+    for lock in sorted(Path(root).glob("*/lock")):
+        try:
+            age = now - lock.stat().st_mtime
+        except OSError:  # released while we looked
+            continue
+        if age > STALE_BUILD_LOCK_S:
+            raise KnownError(
+                f"{lock} is a build lock {age / 60:.0f} minutes old (a build of DeepSpeed's op {lock.parent.name!r} "
+                f"killed mid-way; a build holds it for minutes at most): every DeepSpeed run would wait on it "
+                f"forever. Remove it (rm {lock}) if no build is running, and run again"
+            )
 
 
 class DeepSpeedStrategy(Strategy):
     def __init__(self, cfg, optim=None):
         import deepspeed
 
+        check_build_locks()
         super().__init__(cfg, optim)
         if self.distributed or not torch.distributed.is_initialized():
             deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
