@@ -34,7 +34,7 @@ pytestmark = pytest.mark.vllm
 SIZES = dict(hidden=128, heads=2, kv_heads=2)  # head_dim 64
 
 
-@pytest.fixture(scope="module", params=["qwen2", "qwen2_5_vl"])
+@pytest.fixture(scope="module", params=["qwen2", "qwen2_5_vl", "qwen3_vl"])
 def policy(request, tiny_model):
     path = tiny_model(request.param, **SIZES)
     model, processor = load_model(str(path), "float32")

@@ -271,6 +271,7 @@ def _image_only_processors() -> None:
     if getattr(original, "vlrft_image_only", False):
         return
     vllm_qwen2_vl.Qwen2VLProcessingInfo.get_supported_mm_limits = lambda self: {"image": None}
+    _image_only_qwen3_vl()
 
     def get(processor_name, *args, processor_cls=None, **kwargs):
         if processor_cls is not None:
@@ -280,6 +281,24 @@ def _image_only_processors() -> None:
 
     get.vlrft_image_only = True
     vllm_processor.cached_get_processor = get
+
+
+def _image_only_qwen3_vl() -> None:
+    """vLLM's Qwen3-VL processing info: modality limits naming images only, and the processor kwargs it routes
+    without a video processor's (it adds Qwen3-VL's video pixel bounds to them, which needs the video entry)."""
+    try:
+        from vllm.model_executor.models import qwen3_vl as vllm_qwen3_vl
+    except ImportError:  # a vLLM without Qwen3-VL
+        return
+    info = vllm_qwen3_vl.Qwen3VLProcessingInfo
+    info.get_supported_mm_limits = lambda self: {"image": None}
+    base = info.__mro__[1].get_supported_mm_processor_kwargs
+
+    def kwargs(self) -> dict[str, set[str]]:
+        return {**base(self), "videos_kwargs": set()}
+
+    info.get_supported_mm_processor_kwargs = kwargs
+    info.get_mm_max_tokens_per_item = lambda self, seq_len, mm_counts: {"image": self.get_max_image_tokens()}
 
 
 def _cpu_stream(named_params: Iterable[tuple[str, torch.Tensor]]):
