@@ -244,12 +244,16 @@ def _mark_color(
     question: str = "What colour is the small mark?",
     demo_zooms: int = 1,
     demo_share: float = 1.0,
+    cue: bool = True,
 ) -> list[tuple]:
     """A small mark's colour, readable only by zooming into its (lighter) quadrant; see the module doc.
     ``demo_zooms`` 2: the demonstration zooms again into the centre of the first zoom's image (image 2), so that
     tool trajectories return images in turns 2 and 3. ``demo_share``: the share of records whose demonstration
     calls the tool; the others answer at once (a guess, the mark being unreadable), so that a policy cold-started
-    on them calls the tool for about that share of images and reinforcement learning has the choice to learn."""
+    on them calls the tool for about that share of images and reinforcement learning has the choice to learn.
+    ``cue`` False: the whole background is the checkerboard's mean grey, so that neither a lighter quadrant nor
+    the mark's blur tells where the mark is; demonstrations on such images teach the call and the reading but not
+    where to look, which is left to reinforcement learning on images with the cue."""
     if demo_zooms not in (1, 2):
         raise ValueError(f"demo_zooms must be 1 or 2, got {demo_zooms}")
     _check_range("demo_share", demo_share, 0.0, 1.0)
@@ -262,8 +266,11 @@ def _mark_color(
     for answer in answers:
         quadrant = rng.randrange(4)
         qx, qy = (quadrant % 2) * half, (quadrant // 2) * half
-        arr = np.full((image_size, image_size, 3), dark, dtype=np.uint8)
-        arr[qy : qy + half, qx : qx + half] = light
+        if cue:
+            arr = np.full((image_size, image_size, 3), dark, dtype=np.uint8)
+            arr[qy : qy + half, qx : qx + half] = light
+        else:  # the mean of a colour and its complement: the mark is a grey among grey once shrunk
+            arr = np.full((image_size, image_size, 3), 128, dtype=np.uint8)
         # even coordinates: every square's colour is fixed by the parity of its pixel in the whole image
         x = qx + 4 + 2 * rng.randrange((half - 8 - mark_size) // 2 + 1)
         y = qy + 4 + 2 * rng.randrange((half - 8 - mark_size) // 2 + 1)
