@@ -223,3 +223,28 @@ def test_written_records_read_back_pixel_for_pixel(tmp_path):
     out = write_prompt_records(pairs, tmp_path / "pairs.jsonl")
     back, _ = read_records(out, kind="preference")
     assert [(p.chosen, p.rejected) for p in back] == [(p.chosen, p.rejected) for p in pairs]
+
+
+def test_mark_color_without_the_cue_hides_where_the_mark_is_once_shrunk():
+    """``cue=False`` (docs/tools.md): a mid-grey background, so that at half resolution (what the model is shown)
+    no quadrant differs from another and the mark does not show; with the cue, the mark's quadrant is the lighter
+    one. The mark itself is the same checkerboard, at the same place, for the same seed."""
+    from PIL import Image
+
+    from data_pipelines.synthetic import QUADRANTS
+
+    records = {cue: make_prompt_records("mark_color", 4, seed=0, image_size=256, cue=cue) for cue in (True, False)}
+    for cue, rows in records.items():
+        for r in rows:
+            small = np.asarray(r.images[0].resize((128, 128), Image.BILINEAR), dtype=np.float64)
+            means = [small[y : y + 64, x : x + 64].mean() for y in (0, 64) for x in (0, 64)]
+            mark = QUADRANTS.index(r.metadata["region"])
+            if cue:
+                assert means[mark] > max(m for i, m in enumerate(means) if i != mark) + 100, means
+            else:  # measured: every pixel of the shrunk image within 2 of 128
+                assert max(means) - min(means) < 1.0 and np.abs(small - 128).max() <= 3, means
+            x0, y0, _, _ = r.metadata["box"]
+            full = np.asarray(r.images[0], dtype=np.int16)
+            assert (full[y0, x0] == COLORS[r.answer]).all() and (full[y0, x0 + 1] == 255 - full[y0, x0]).all()
+    same = [(r.answer, r.metadata) for r in records[True]] == [(r.answer, r.metadata) for r in records[False]]
+    assert same
