@@ -117,7 +117,9 @@ class RewardSourceConfig:
         "", "http: the reward server (vlrft serve-reward-model); openai_judge: the chat server's base URL"
     )
     model: str = option("", "openai_judge: the judge model's name on the server")
-    api_key_env: str = option("", "openai_judge: environment variable holding the API key (empty: no key)")
+    api_key_env: str = option(
+        "", "http, openai_judge: environment variable holding the server's API key, sent as Bearer token (empty: none)"
+    )
     max_retries: int = option(3, "http, openai_judge: retries of a failed request (exponential backoff)", ge=0)
     max_concurrency: int = option(4, "http, openai_judge: requests in flight at once", ge=1)
     http_batch_size: int = option(64, "http: samples per request", ge=1)

@@ -4,11 +4,11 @@ remote kinds (``http``, ``openai_judge``: ``reward_models.remote_sources``).
 Wire format (JSON). ``POST /score`` takes ``{"samples": [SAMPLE, ...]}`` where a SAMPLE has the fields of
 :class:`~reward_models.samples.Sample` (``id``, ``prompt``, ``response``; optional ``answer``, ``images``,
 ``task``, ``system``, ``metadata``, ``extra``) with each image a data URI (``data:image/png;base64,...``, what
-:func:`~data_pipelines.images.png_data_uri` writes; the server also reads paths on its own disk), and answers
+:func:`~data_pipelines.images.png_data_uri` writes; paths on the server's own disk only if it allows them), and answers
 the :class:`~reward_models.sources.Scores` of those samples: ``{"values": [...], "failed": {"INDEX": "why"},
 "extras": {...}}``. ``POST /verify`` (a source that grades on its own) answers one
 :class:`~reward_models.verifiers.VerifierResult` per sample, with its ``vote_key``. ``GET /health`` answers
-``{"name", "kind", "holds_model", "grades", "needs", "requests", "calls"}`` (``needs``: the record fields the
+``{"name", "kind", "holds_model", "grades", "needs", "requests", "calls", "auth"}`` (``needs``: the record fields the
 source reads, which the client's preflight checks in every record; the last two: ``/score`` requests answered
 and scoring calls made so far).
 

@@ -52,20 +52,19 @@ class RemoteSource(RewardSource):
     def __init__(self, cfg: Any, device: torch.device, offload: bool):
         super().__init__(cfg, device, offload)
         self.url = cfg.url.rstrip("/")
-        self.client = HttpClient(cfg.timeout_s, cfg.max_retries, cfg.max_concurrency, self._headers())
+        self.client = HttpClient(cfg.timeout_s, cfg.max_retries, cfg.max_concurrency, auth_headers(cfg))
 
     @classmethod
     def check(cls, cfg: Any, key: str) -> None:
         why = check_url(cfg.url, f"{key}.url")
         if why:
             raise ConfigError(why)
+        if cfg.api_key_env and not os.environ.get(cfg.api_key_env):
+            raise ConfigError(f"{key}.api_key_env={cfg.api_key_env}: the environment variable is not set")
 
     @classmethod
     def describe(cls, cfg: Any) -> str:
         return f"{cls.kind} {cfg.url}"
-
-    def _headers(self) -> dict[str, str]:
-        return {}
 
     def _chunks(self, n: int) -> list[list[int]]:
         raise NotImplementedError
@@ -116,7 +115,7 @@ class HttpSource(RemoteSource):
     def needs(cls, cfg: Any) -> set[str]:
         """The record fields the served source reads, as the server's ``/health`` says (preflight checks them in
         every record; a server that does not answer stops the run here, before anything loads)."""
-        client = HttpClient(cfg.timeout_s, cfg.max_retries, 1)
+        client = HttpClient(cfg.timeout_s, cfg.max_retries, 1, auth_headers(cfg))
         try:
             return set(served_health(client, cfg.url.rstrip("/"), cfg.name).get("needs", []))
         finally:
@@ -146,6 +145,13 @@ class HttpSource(RemoteSource):
         return HttpVerifier(self) if self.health["grades"] else None
 
 
+def auth_headers(cfg: Any) -> dict[str, str]:
+    """``Authorization: Bearer KEY`` with the key in the environment variable ``cfg.api_key_env`` (none when empty):
+    ``vlrft serve-reward-model --api-key-env`` and OpenAI-compatible servers (``vllm serve --api-key``) take it."""
+    key = os.environ.get(cfg.api_key_env, "") if cfg.api_key_env else ""
+    return {"authorization": f"Bearer {key}"} if key else {}
+
+
 def served_health(client: HttpClient, url: str, name: str) -> dict[str, Any]:
     """The reward server's ``/health`` at ``url``; :class:`RewardSourceError` when it is not there or not one
     (``needs``, when given, must be a list of field names)."""
@@ -158,7 +164,13 @@ def served_health(client: HttpClient, url: str, name: str) -> dict[str, Any]:
         if not isinstance(needs, list) or not all(isinstance(f, str) for f in needs):
             why = f"{url}/health: 'needs' must be a list of record field names, got {str(needs)[:120]}"
     if why:
-        raise RewardSourceError(f"reward source {name!r} (http): {why}; is vlrft serve-reward-model running there?")
+        hint = "set the source's api_key_env" if "HTTP 401" in why else "is vlrft serve-reward-model running there?"
+        raise RewardSourceError(f"reward source {name!r} (http): {why}; {hint}")
+    if health.get("auth") and "authorization" not in client.http.headers:
+        raise RewardSourceError(
+            f"reward source {name!r} (http): {url} requires an API key (it was started with --api-key-env); "
+            "set the source's api_key_env to the name of an environment variable holding it"
+        )
     return health
 
 
@@ -221,16 +233,10 @@ class OpenAIJudgeSource(RemoteSource):
             raise ConfigError(f"{key}.model: empty; name the judge model as the server knows it (GET /v1/models)")
         if cfg.judge_mode != "pointwise":
             raise ConfigError(f"{key}.judge_mode={cfg.judge_mode}: an openai_judge judges pointwise only")
-        if cfg.api_key_env and not os.environ.get(cfg.api_key_env):
-            raise ConfigError(f"{key}.api_key_env={cfg.api_key_env}: the environment variable is not set")
 
     @classmethod
     def describe(cls, cfg: Any) -> str:
         return f"openai_judge {cfg.model} at {cfg.url}"
-
-    def _headers(self) -> dict[str, str]:
-        key = os.environ.get(self.cfg.api_key_env, "") if self.cfg.api_key_env else ""
-        return {"authorization": f"Bearer {key}"} if key else {}
 
     def _chunks(self, n: int) -> list[list[int]]:
         return [[i] for i in range(n)]  # a chat completion judges one conversation

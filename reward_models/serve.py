@@ -8,13 +8,20 @@ share (by sample count) of the extras of the calls that scored them, so that cou
 A sample whose image cannot be decoded fails alone, with the reason; a request that is not the wire format
 is answered 400 with one line naming the field. Replies are strict JSON (a non-finite reward: null, and that
 sample failed with the reason). ``/health`` says which record fields the source needs (``needs``), for the
-client's preflight. There is no authentication: serve on loopback (the default) or a trusted network only.
+client's preflight.
+
+Exposure: by default it listens on loopback, reads images sent inline only (data URIs; a path on the server's disk
+is refused unless ``local_images``) and takes requests up to 256 MiB. ``api_key`` (``--api-key-env NAME``:
+the key in that environment variable, never on the command line) makes ``/score`` and ``/verify`` answer 401
+without ``Authorization: Bearer KEY``; ``/health`` stays open (it says ``auth: true``, so a client without a key
+stops at preflight) and checks a key when one is sent.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import hmac
 import json
 import signal
 import socket
@@ -31,7 +38,7 @@ from reward_models.remote import decode_images, result_json, sample_from_json, s
 from reward_models.samples import Sample
 from reward_models.sources import RewardSource, Scores, check_source, make_source
 
-MAX_REQUEST_BYTES = 1 << 30  # images travel inline; aiohttp's default limit (1 MiB) holds a few
+MAX_REQUEST_MIB = 256  # images travel inline (aiohttp's default limit, 1 MiB, holds a few); --max-request-mib
 
 
 @dataclass
@@ -55,8 +62,19 @@ class _Pending:
 class RewardServer:
     """The aiohttp application around one source (:meth:`app`), with its batching queue."""
 
-    def __init__(self, source: RewardSource, max_batch_size: int, batch_window_s: float, num_threads: int = 4):
+    def __init__(
+        self,
+        source: RewardSource,
+        max_batch_size: int,
+        batch_window_s: float,
+        num_threads: int = 4,
+        *,
+        api_key: str = "",
+        local_images: bool = False,
+        max_request_mib: int = MAX_REQUEST_MIB,
+    ):
         self.source, self.max_batch_size, self.batch_window_s = source, max_batch_size, batch_window_s
+        self.api_key, self.local_images, self.max_request_mib = api_key, local_images, max_request_mib
         self.scorer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="score")  # one call at a time
         self.threads = ThreadPoolExecutor(max_workers=max(1, num_threads), thread_name_prefix="serve")
         source.executor = self.threads  # verifier sources check samples concurrently, as in the pool
@@ -66,7 +84,7 @@ class RewardServer:
         self.n_requests = self.n_calls = 0  # /score requests and source.score calls (batching merges requests)
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=MAX_REQUEST_BYTES)
+        app = web.Application(client_max_size=self.max_request_mib << 20, middlewares=[self._auth])
         app.router.add_get("/health", self.health)
         app.router.add_post("/score", self.score)
         app.router.add_post("/verify", self.verify)
@@ -83,6 +101,16 @@ class RewardServer:
         self.scorer.shutdown(wait=True)
         self.threads.shutdown(wait=True)
 
+    @web.middleware
+    async def _auth(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        """With an API key: ``/score`` and ``/verify`` need it; ``/health`` checks one that is sent."""
+        given = request.headers.get("Authorization")
+        if self.api_key and (request.path != "/health" or given is not None):
+            if not hmac.compare_digest((given or "").encode(), f"Bearer {self.api_key}".encode()):
+                what = "a wrong API key" if given else "no API key"
+                raise web.HTTPUnauthorized(text=f"{what}: this server wants 'Authorization: Bearer KEY'")
+        return await handler(request)
+
     async def health(self, request: web.Request) -> web.Response:
         src = self.source
         return _json_response(
@@ -94,6 +122,7 @@ class RewardServer:
                 "needs": self.needs,
                 "requests": self.n_requests,
                 "calls": self.n_calls,
+                "auth": bool(self.api_key),
             }
         )
 
@@ -108,7 +137,7 @@ class RewardServer:
         loop = asyncio.get_running_loop()
         decoded = await asyncio.gather(
             *(
-                loop.run_in_executor(self.threads, _decode, obj, f"samples[{i}]")
+                loop.run_in_executor(self.threads, _decode, obj, f"samples[{i}]", self.local_images)
                 for i, obj in enumerate(body["samples"])
             )
         )
@@ -213,12 +242,17 @@ def _json_response(data: Any) -> web.Response:
     return web.json_response(data, dumps=functools.partial(json.dumps, allow_nan=False))
 
 
-def _decode(obj: Any, where: str) -> tuple[Sample | None, str, bool]:
-    """(sample, "", False); (None, why, False) for an image that fails; (None, why, True) for a bad request."""
+def _decode(obj: Any, where: str, local_images: bool = False) -> tuple[Sample | None, str, bool]:
+    """(sample, "", False); (None, why, False) for an image that fails; (None, why, True) for a bad request (a
+    path among the images too, unless ``local_images``: a client sends images inline)."""
     try:
         sample = sample_from_json(obj, where)
     except ValueError as exc:
         return None, str(exc), True
+    for j, im in enumerate(sample.images):
+        if not local_images and not im.startswith("data:"):
+            why = f"{where}.images[{j}]: not a data URI; this server reads no files of its own disk"
+            return None, why + " (serve-reward-model --allow-local-images reads them)", True
     try:
         decode_images(sample)
     except Exception as exc:  # noqa: BLE001 - DataError and friends: this sample fails, not the request

@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 class Served:
     """``python -m vlrft serve-reward-model ITEMS --port 0``, its URL read from the line it prints."""
 
-    def __init__(self, *items: str, args: tuple[str, ...] = ()):
+    def __init__(self, *items: str, args: tuple[str, ...] = (), expect_host: str = "127.0.0.1"):
         command = [sys.executable, "-m", "vlrft", "serve-reward-model", *items, "--port", "0", "--device", "cpu"]
         self.proc = subprocess.Popen(
             [*command, *args],
@@ -39,7 +39,7 @@ class Served:
             start_new_session=True,
         )
         line = self._line(deadline=time.monotonic() + 300)
-        found = re.fullmatch(r"serving reward source '(.+)' \((\w+)\) on (http://127\.0\.0\.1:\d+)", line)
+        found = re.fullmatch(rf"serving reward source '(.+)' \((\w+)\) on (http://{re.escape(expect_host)}:\d+)", line)
         assert found, (line, self.proc.stderr.read().decode() if self.proc.poll() is not None else "")
         self.name, self.kind, self.url = found.groups()
 

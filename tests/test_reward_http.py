@@ -23,6 +23,7 @@ from aiohttp import web
 from reward_servers import LocalServer, Served, colour_samples, source_cfg
 from safetensors.torch import load_file
 
+from data_pipelines.synthetic import make_prompt_records
 from reward_models.pool import RewardPool, RewardPoolConfig, RewardSourceError
 from reward_models.remote import sample_json
 from reward_models.samples import samples_of
@@ -141,6 +142,84 @@ def test_the_server_fails_a_bad_image_alone_and_refuses_a_malformed_request(serv
         )
         r = http.post(f"{served_verifier.url}/score", json={"samples": [{"id": "a", "prompt": "p"}]})
         assert (r.status_code, r.text) == (400, "samples[0].response: want a string")
+
+
+def test_the_server_reads_no_file_of_its_own_disk_unless_told(served_verifier, tmp_path):
+    """A client sends images inline; a path would have the server open any file its user can read. Refused (400,
+    naming the image) by default; read with --allow-local-images."""
+    image = tmp_path / "red.png"
+    make_prompt_records("color", 1, seed=5)[0].images[0].save(image)
+    sample = {"id": "a", "prompt": "p", "response": "red", "answer": "red", "metadata": {"vocabulary": ["red"]}}
+    with httpx.Client(timeout=60) as http:
+        r = http.post(f"{served_verifier.url}/score", json={"samples": [{**sample, "images": [str(image)]}]})
+        assert (r.status_code, r.text) == (
+            400,
+            "samples[0].images[0]: not a data URI; this server reads no files of its own disk "
+            "(serve-reward-model --allow-local-images reads them)",
+        )
+    server = Served("source.verifier=vocab_answer", args=("--allow-local-images",))
+    try:
+        with httpx.Client(timeout=60) as http:
+            r = http.post(f"{server.url}/score", json={"samples": [{**sample, "images": [str(image)]}]})
+        assert (r.status_code, r.json()["values"]) == (200, [1.0])
+    finally:
+        server.kill()
+
+
+def test_an_api_key_guards_the_server_and_a_client_without_it_stops_at_preflight(monkeypatch):
+    """--api-key-env NAME: /score and /verify answer 401 without ``Authorization: Bearer KEY``; /health stays
+    open (it says auth: true) and checks a key that is sent. The http source sends the key of its api_key_env;
+    one without a key, or with a wrong one, stops when it is built (preflight), naming the URL."""
+    monkeypatch.setenv("VLRFT_TEST_KEY", "s3cret")
+    monkeypatch.setenv("VLRFT_WRONG_KEY", "guess")
+    server = Served("source.verifier=vocab_answer", args=("--api-key-env", "VLRFT_TEST_KEY"))
+    sample = {"id": "a", "prompt": "p", "response": "red", "answer": "red", "metadata": {"vocabulary": ["red"]}}
+    try:
+        with httpx.Client(timeout=60) as http:
+            for path in ("/score", "/verify"):
+                r = http.post(f"{server.url}{path}", json={"samples": [sample]})
+                assert (r.status_code, r.text) == (401, "no API key: this server wants 'Authorization: Bearer KEY'")
+            r = http.post(f"{server.url}/score", json={"samples": [sample]}, headers={"Authorization": "Bearer x"})
+            assert (r.status_code, r.text) == (401, "a wrong API key: this server wants 'Authorization: Bearer KEY'")
+            assert http.get(f"{server.url}/health").json()["auth"] is True
+        keyed = make_source(source_cfg(name="v", kind="http", url=server.url, api_key_env="VLRFT_TEST_KEY"), CPU, False)
+        try:
+            rows, responses = colour_samples()
+            got = keyed.score(samples_of(rows, responses))
+            assert got.failed == {} and got.values.tolist() == [float(r.answer == t) for r, t in zip(rows, responses)]
+            assert keyed.verifier().check("red", "red", vocabulary=["red"]).score == 1.0
+        finally:
+            keyed.close()
+        with pytest.raises(RewardSourceError) as no_key:
+            make_source(source_cfg(name="v", kind="http", url=server.url), CPU, False)
+        assert str(no_key.value) == (
+            f"reward source 'v' (http): {server.url} requires an API key (it was started with --api-key-env); "
+            "set the source's api_key_env to the name of an environment variable holding it"
+        )
+        with pytest.raises(RewardSourceError) as wrong:
+            make_source(source_cfg(name="v", kind="http", url=server.url, api_key_env="VLRFT_WRONG_KEY"), CPU, False)
+        assert str(wrong.value) == (
+            f"reward source 'v' (http): {server.url}/health: HTTP 401 Unauthorized: a wrong API key: this server "
+            "wants 'Authorization: Bearer KEY'; set the source's api_key_env"
+        )
+    finally:
+        server.kill()
+
+
+def test_serve_reward_model_refuses_an_unset_key_variable_and_warns_off_loopback_without_one(capsys):
+    assert main(["serve-reward-model", "source.verifier=vocab_answer", "--api-key-env", "VLRFT_UNSET_KEY"]) == 2
+    assert capsys.readouterr().err == (
+        "vlrft serve-reward-model: config error: --api-key-env=VLRFT_UNSET_KEY: the environment variable is not set "
+        "or empty\n"
+    )
+    server = Served("source.verifier=vocab_answer", args=("--host", "0.0.0.0"), expect_host="0.0.0.0")
+    try:
+        warning = server.proc.stderr.readline().decode()
+    finally:
+        server.kill()
+    assert warning == (
+        "warning: serving on 0.0.0.0 without --api-key-env: anyone who reaches this port can use the source\n"
+    )
 
 
 def test_serve_reward_model_refuses_a_bad_source_in_one_line(capsys):

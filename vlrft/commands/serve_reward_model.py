@@ -33,6 +33,21 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default="auto", help="scoring device: auto (cuda if available), cpu, cuda, cuda:N")
     p.add_argument("--num-threads", type=int, default=4, help="threads for verifiers and image decoding (default 4)")
     p.add_argument(
+        "--api-key-env",
+        default="",
+        metavar="NAME",
+        help="require 'Authorization: Bearer KEY' on /score and /verify, KEY being this environment variable's value "
+        "(clients: the source's api_key_env); default: no key, for loopback or a trusted network",
+    )
+    p.add_argument(
+        "--allow-local-images",
+        action="store_true",
+        help="also read images given as paths on this machine's disk (default: data URIs only, what clients send)",
+    )
+    p.add_argument(
+        "--max-request-mib", type=int, default=256, help="largest request body in MiB (default 256; images inline)"
+    )
+    p.add_argument(
         "items", nargs="*", metavar="[CONFIG.yaml] [source.key=value ...]", help="the source's config and overrides"
     )
     p.set_defaults(func=run)
@@ -45,17 +60,46 @@ def _epilog() -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    import ipaddress
+    import os
+    import sys
+
     from reward_models.serve import RewardServer, ServeConfig, build_source, serve
     from vlrft.config import ConfigError
 
-    for flag, value, low in (("--port", args.port, 0), ("--max-batch-size", args.max_batch_size, 1)):
+    for flag, value, low in (
+        ("--port", args.port, 0),
+        ("--max-batch-size", args.max_batch_size, 1),
+        ("--max-request-mib", args.max_request_mib, 1),
+    ):
         if value < low or (flag == "--port" and value > 65535):
             raise ConfigError(f"{flag}={value}: must be >= {low}" + (" and <= 65535" if flag == "--port" else ""))
     if not args.batch_window_ms >= 0:
         raise ConfigError(f"--batch-window-ms={args.batch_window_ms}: must be >= 0")
-    cfg = config_from_args(ServeConfig, args.items)
+    key = os.environ.get(args.api_key_env, "") if args.api_key_env else ""
+    if args.api_key_env and not key:
+        raise ConfigError(f"--api-key-env={args.api_key_env}: the environment variable is not set or empty")
+    cfg = config_from_args(ServeConfig, args.items)  # (the config is checked before a warning is printed)
+    try:
+        loopback = args.host == "localhost" or ipaddress.ip_address(args.host).is_loopback
+    except ValueError:  # a host name
+        loopback = False
+    if not key and not loopback:
+        print(
+            f"warning: serving on {args.host} without --api-key-env: anyone who reaches this port can use the source",
+            file=sys.stderr,
+            flush=True,
+        )
     source = build_source(cfg.source, args.device)
-    server = RewardServer(source, args.max_batch_size, args.batch_window_ms / 1000, args.num_threads)
+    server = RewardServer(
+        source,
+        args.max_batch_size,
+        args.batch_window_ms / 1000,
+        args.num_threads,
+        api_key=key,
+        local_images=args.allow_local_images,
+        max_request_mib=args.max_request_mib,
+    )
     try:
         serve(server, args.host, args.port)
     finally:
