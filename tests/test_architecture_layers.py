@@ -29,6 +29,7 @@ DEFERRABLE = {
     "wandb": "optional tracker",
     "torch.utils.tensorboard": "optional tracker; imports tensorboard",
     "datasets": "only for hub ids and save_to_disk folders; slow to import",
+    "torch.utils.cpp_extension": "only where DeepSpeed starts (its op build folder); imports setuptools, 0.15 s",
     "pyarrow": "only for Parquet files",
     "math_verify": "imported in the math worker's child process only",
     "resource": "the math worker's child process limits itself (POSIX only)",
