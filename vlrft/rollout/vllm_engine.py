@@ -284,18 +284,17 @@ def _image_only_processors() -> None:
 
 
 def _image_only_qwen3_vl() -> None:
-    """vLLM's Qwen3-VL processing info: modality limits naming images only, and the processor kwargs it routes
-    without a video processor's (it adds Qwen3-VL's video pixel bounds to them, which needs the video entry)."""
+    """vLLM's Qwen3-VL processing info (a subclass of Qwen2-VL's, whose image-only modality limits it inherits):
+    the processor kwargs it routes without a video processor's (it adds Qwen3-VL's video pixel bounds to them,
+    which needs the video entry), and the most tokens per item of images only (no video processor to ask)."""
     try:
         from vllm.model_executor.models import qwen3_vl as vllm_qwen3_vl
     except ImportError:  # a vLLM without Qwen3-VL
         return
     info = vllm_qwen3_vl.Qwen3VLProcessingInfo
-    info.get_supported_mm_limits = lambda self: {"image": None}
-    base = info.__mro__[1].get_supported_mm_processor_kwargs
 
     def kwargs(self) -> dict[str, set[str]]:
-        return {**base(self), "videos_kwargs": set()}
+        return {**super(info, self).get_supported_mm_processor_kwargs(), "videos_kwargs": set()}
 
     info.get_supported_mm_processor_kwargs = kwargs
     info.get_mm_max_tokens_per_item = lambda self, seq_len, mm_counts: {"image": self.get_max_image_tokens()}

@@ -23,14 +23,14 @@ from vlrft.strategies.base import Strategy, make_optimizer, make_scheduler
 STALE_BUILD_LOCK_S = 20 * 60
 
 
-def check_build_locks(root: str | Path | None = None, now: float | None = None) -> None:
+def check_build_locks(root: str | Path | None = None) -> None:
     """Stop with one message naming a stale build lock of torch's extensions folder (``TORCH_EXTENSIONS_DIR``,
     or torch's default) instead of waiting on it forever."""
     if root is None:
         from torch.utils.cpp_extension import _get_build_directory  # torch's rule for the folder (env or default)
 
         root = _get_build_directory("", False)  # the root itself: no op's folder is made
-    now = time.time() if now is None else now
+    now = time.time()
     for lock in sorted(Path(root).glob("*/lock")):
         try:
             age = now - lock.stat().st_mtime
