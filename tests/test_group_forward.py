@@ -163,9 +163,9 @@ def test_critic_values_equal_unshared(tiny_model):
 
 @pytest.mark.parametrize("arch", ["qwen2_5_vl", "qwen3_vl", "qwen2"])
 def test_engine_prefills_each_prompt_once_and_samples_as_the_plain_path(arch, tiny_model):
-    """The hf engine's ``prefill_once`` (one prefill per prompt, its KV cache expanded to the n samples)
-    gives the plain repeated-prompt path's tokens, greedy and seeded sampling alike; the vision tower
-    encodes each prompt's images once."""
+    """The hf engine's ``prefill_once`` (one prefill per prompt, its KV cache held once for the n samples:
+    SharedPrefixLayer, attended by packed_sdpa) gives the plain repeated-prompt path's tokens, greedy and seeded
+    sampling alike; the vision tower encodes each prompt's images once."""
     model, proc = load_model(tiny_model(arch), torch.float32)
     recs = _records(with_images=arch != "qwen2")
     prompts = [encode_prompt(proc, r) for r in recs]
@@ -183,6 +183,7 @@ def test_engine_prefills_each_prompt_once_and_samples_as_the_plain_path(arch, ti
         sampled = engine.generate(prompts, SamplingParams(n=3, temperature=1.0, max_new_tokens=8))
         results[once] = [[x.response_ids.tolist() for x in out] for out in (greedy, sampled)]
     assert results[True] == results[False]
+    assert model.config.get_text_config()._attn_implementation == "vlrft_packed_sdpa"
     if visual is not None:
         patches = sum(int(p.image_grid_thw.prod(-1).sum()) for p in prompts if p.image_grid_thw is not None)
         assert seen == [patches, patches, 3 * patches, 3 * patches]  # prefill once vs per sample
@@ -198,3 +199,82 @@ def test_shared_forward_applies_only_with_prompt_index_and_a_block_mask_kernel(t
         assert not shared_forward_applies(model, batch)
     finally:
         model.config._attn_implementation = "sdpa"
+
+
+def test_packed_attention_computes_from_the_layout_and_equals_the_dense_block_mask(tiny_model):
+    """``packed_sdpa`` (the text layers' attention once a model is packed) computes each packed row from its layout,
+    not from the dense block mask: with the mask replaced by one that allows every pair, the outputs stay the
+    block-masked ones; and they equal SDPA under the dense block mask (the layout dropped), gradients included."""
+    model, proc = load_model(tiny_model("qwen2_5_vl"), torch.float32)
+    model.train()
+    batch, ids, _ = _batch(proc, _records(True), [3, 1, 6, 2], seed=4)
+    packed = pack_groups(model, batch, ids.shape[1], torch.device("cpu"))
+    assert model.config.text_config._attn_implementation == "vlrft_packed_sdpa"
+    assert model.config.vision_config._attn_implementation == "sdpa"  # the vision tower keeps SDPA
+    layout = packed.inputs["vlrft_packed"]
+    assert [r.prompt for r in layout.rows] == batch["prompt_lengths"][[0, 3, 4, 10]].tolist()
+    dense = {k: v for k, v in packed.inputs.items() if k != "vlrft_packed"}
+    lengths = torch.tensor([r.length for r in layout.rows])
+    keep = torch.arange(layout.width)[None] < lengths[:, None]  # the rows' real tokens (padding is never read)
+
+    def run(inputs):
+        model.zero_grad()
+        logits = model(**inputs, use_cache=False).logits
+        (logits[keep].float().pow(2).mean()).backward()
+        grads = {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
+        return logits.detach()[keep], grads
+
+    got, g_got = run(packed.inputs)
+    want, g_want = run(dense)
+    everything = dict(packed.inputs, attention_mask=torch.ones_like(packed.inputs["attention_mask"]))
+    unmasked, _ = run(everything)
+    unmasked_dense, _ = run({k: v for k, v in everything.items() if k != "vlrft_packed"})
+    assert (unmasked - want).abs().max() < FORWARD_BOUND  # the layout, not the mask, decided what was seen
+    assert (unmasked_dense - want).abs().max() > 1e-2  # the same all-pairs mask without the layout: other outputs
+    assert_within((got - want).abs().max(), FORWARD_BOUND, "packed attention vs dense block mask: logits")
+    worst = max(((g_got[k] - g_want[k]).norm() / g_want[k].norm().clamp_min(1e-12)).item() for k in g_want)
+    assert set(g_got) == set(g_want) and any(k.startswith("model.visual") for k in g_got)
+    assert_within(worst, FORWARD_BOUND, "packed attention vs dense block mask: worst relative gradient difference")
+
+
+def test_shared_prefix_decode_attention_equals_attention_over_the_expanded_cache():
+    """The decode attention over a SharedPrefixLayer (each prompt's keys once for its n samples) against a float64
+    softmax over the expanded cache (every sample's prompt copy followed by its own keys), with left padding in the
+    prompts, grouped KV heads and two new tokens per step (causal among them)."""
+    from vlrft.models.group_forward import SharedPrefixLayer, packed_sdpa
+
+    g = torch.Generator().manual_seed(0)
+    prompts, n, kv_heads, heads, plen, dim, q = 2, 3, 2, 4, 5, 8, 2
+    pk, pv = (
+        torch.randn(prompts, kv_heads, plen, dim, generator=g),
+        torch.randn(prompts, kv_heads, plen, dim, generator=g),
+    )
+    prompt_mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]], dtype=torch.bool)  # prompt 0 left-padded by 2
+    layer = SharedPrefixLayer(pk, pv, prompt_mask, n, room=2)  # room 2: the second update doubles it
+    batch = prompts * n
+    for step in range(3):
+        k_new = torch.randn(batch, kv_heads, q, dim, generator=g)
+        v_new = torch.randn(batch, kv_heads, q, dim, generator=g)
+        query = torch.randn(batch, heads, q, dim, generator=g)
+        keys, values = layer.update(k_new, v_new, 0)
+        assert layer.get_seq_length() == plen + q * (step + 1) and keys.shape[-2] == q * (step + 1)
+        attn = torch.nn.Module()
+        attn.is_causal, attn.scaling = True, dim**-0.5
+        got, _ = packed_sdpa(attn, query, keys, values, None, scaling=attn.scaling)  # [B, q, heads, dim]
+
+        # float64 reference: each sample's full key list (its prompt copy, then its own), head h on KV head h // 2
+        t = keys.shape[-2]
+        full_k = torch.cat([pk.repeat_interleave(n, 0), keys], dim=2).double().repeat_interleave(heads // kv_heads, 1)
+        full_v = torch.cat([pv.repeat_interleave(n, 0), values], dim=2).double().repeat_interleave(heads // kv_heads, 1)
+        scores = query.double() @ full_k.transpose(-1, -2) * dim**-0.5  # [B, heads, q, P + t]
+        own_ok = torch.arange(t)[None] <= torch.arange(t - q, t)[:, None]  # [q, t]
+        ok = torch.cat(
+            [
+                prompt_mask.repeat_interleave(n, 0)[:, None, None, :].expand(-1, 1, q, -1),
+                own_ok[None, None].expand(batch, 1, -1, -1),
+            ],
+            dim=-1,
+        )
+        want = (scores.masked_fill(~ok, float("-inf")).softmax(-1) @ full_v).transpose(1, 2)
+        # float32 scores and sums of 5 + 6 terms of O(1) products: a few ulps (1e-7) each; 1e-5 is far above
+        assert_within((got.double() - want).abs().max(), FORWARD_BOUND, f"shared-prefix decode attention, step {step}")

@@ -19,9 +19,12 @@ Memory stays bounded for large groups because a packed row holds only the sample
 a group of 32 with ``micro_train_batch_size`` 8 is four rows in four micro-batches, each recomputing
 the prompt (the prompt is paid once per chunk rather than once per sample).
 
-The block mask is a dense 4-D boolean mask, which SDPA (CPU and GPU) and eager attention take; on a GPU
-a block-sparse kernel (flex attention's ``BlockMask``, or flash-attention varlen with the prompt as a
-shared prefix) would skip the masked blocks instead of computing them; neither is wired here.
+Attention over a packed row computes only the query-key pairs the block mask allows (``packed_sdpa``): per row,
+the prompt's causal attention, then every response's queries at once (responses of the row padded to the longest)
+against the prompt's keys followed by the response's own keys under a causal mask. A row of a 183-token prompt and
+16 responses of 48 tokens needs 176 k of the 951^2 = 904 k pairs a dense mask computes; this computes 210 k. The
+text model's attention becomes ``packed_sdpa`` the first time a model is packed (SDPA itself for every other call,
+generation included); eager attention keeps the dense 4-D mask, which also rides along as the mask of record.
 """
 
 from __future__ import annotations
@@ -30,6 +33,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from transformers.cache_utils import DynamicLayer
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+# the attention implementation of a packed model's text layers: SDPA, computing only the pairs a packed row allows
+PACKED_SDPA = "vlrft_packed_sdpa"
 
 
 @dataclass
@@ -40,6 +50,178 @@ class PackedGroups:
     row: torch.Tensor  # [N] the packed row of each sample
     predict_at: torch.Tensor  # [N, R] position (in the row) whose output predicts response token j
     first: int  # the smallest position any sample reads: outputs before it are not needed
+
+
+@dataclass
+class PackedRow:
+    """Where a packed row's parts are, for ``packed_sdpa``."""
+
+    prompt: int  # prompt tokens (positions 0 .. prompt-1)
+    length: int  # real tokens of the row (the rest is padding)
+    gather: torch.Tensor | None  # [K, L] row position of response k's token j (padding repeats a real position)
+    valid: torch.Tensor | None  # [n] indices into the flattened [K * L] of the real response tokens, in row order
+    mask: torch.Tensor | None  # [1, 1, L, prompt + L] every response query sees the prompt, and its own past
+
+
+@dataclass
+class PackedLayout:
+    """The packed rows of one forward (passed to the attention as the keyword ``vlrft_packed``)."""
+
+    rows: list[PackedRow]
+    width: int  # the rows' padded length
+
+
+def packed_sdpa(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    vlrft_packed: PackedLayout | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """Transformers' SDPA attention, except on a causal layer given packed rows (``query`` ``[rows, heads, width,
+    dim]``): there the block mask's attention computed from its allowed pairs only. Per row, the prompt's queries
+    attend causally to the prompt; the responses' queries, gathered as ``[K, heads, L, dim]``, attend to the prompt's
+    keys (shared, expanded) followed by their own keys, causally. Padding positions output zeros (nothing reads
+    them). Exact: each query sees the same keys in the same order as under the dense block mask."""
+    shared = getattr(key, "vlrft_prefix", None)  # keys of a SharedPrefixLayer: decoding n samples per prompt
+    if shared is not None and getattr(module, "is_causal", False):
+        return _shared_prefix_attention(query, key, value, shared, module.scaling if scaling is None else scaling)
+    layout = vlrft_packed
+    if (
+        layout is None
+        or not getattr(module, "is_causal", False)
+        or query.shape[0] != len(layout.rows)
+        or query.shape[2] != layout.width
+    ):
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
+    out = []
+    for b, row in enumerate(layout.rows):
+        q, k, v, p = query[b], key[b], value[b], row.prompt  # [heads, width, dim]
+        parts = []
+        if p:
+            o, _ = sdpa_attention_forward(
+                module,
+                q[None, :, :p],
+                k[None, :, :p],
+                v[None, :, :p],
+                None,
+                dropout=dropout,
+                scaling=scaling,
+                is_causal=True,
+            )
+            parts.append(o[0])  # [p, heads, dim]
+        if row.gather is not None:
+            n, width = row.gather.shape
+            at = row.gather.reshape(-1)
+
+            def own(x: torch.Tensor) -> torch.Tensor:  # [heads, width, dim] -> [K, heads, L, dim]
+                return x[:, at].unflatten(1, (n, width)).transpose(0, 1)
+
+            keys = torch.cat([k[None, :, :p].expand(n, -1, -1, -1), own(k)], dim=2)
+            values = torch.cat([v[None, :, :p].expand(n, -1, -1, -1), own(v)], dim=2)
+            o, _ = sdpa_attention_forward(
+                module, own(q), keys, values, row.mask, dropout=dropout, scaling=scaling
+            )  # [K, L, heads, dim]
+            parts.append(o.flatten(0, 1)[row.valid])
+        if row.length < layout.width:
+            parts.append(query.new_zeros(layout.width - row.length, query.shape[1], query.shape[3]))
+        out.append(torch.cat(parts))
+    return torch.stack(out), None
+
+
+class SharedPrefixLayer(DynamicLayer):
+    """One decoder layer's KV cache while ``n`` samples of each prompt decode: the prompt's keys and values once per
+    prompt (``[prompts, kv_heads, P, dim]``, left padding masked by ``prompt_mask`` ``[prompts, P]``), each sample's
+    own in a buffer allocated once (``room`` tokens, doubled if exceeded) and filled in place, so a decode step
+    neither copies the cache (a dynamic cache concatenates it at every step) nor reads each prompt n times (the
+    expanded cache of ``batch_repeat_interleave`` does). ``update`` returns the samples' own keys and values, which
+    carry this layer as ``vlrft_prefix`` for ``packed_sdpa``; the sequence length it reports counts the prompt."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, prompt_mask: torch.Tensor, n: int, room: int):
+        super().__init__()
+        self.prefix_keys, self.prefix_values, self.prompt_mask, self.n = keys, values, prompt_mask.bool(), n
+        prompts, heads, _, dim = keys.shape
+        self.own_keys = keys.new_empty(prompts * n, heads, max(room, 1), dim)
+        self.own_values = values.new_empty(prompts * n, heads, max(room, 1), values.shape[-1])
+        self.filled = 0
+        self.device, self.is_initialized = keys.device, True
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        end = self.filled + key_states.shape[-2]
+        if end > self.own_keys.shape[-2]:  # more tokens than planned: double the room
+            grow = lambda x: torch.cat([x, torch.empty_like(x)], dim=-2)  # noqa: E731
+            self.own_keys, self.own_values = grow(self.own_keys), grow(self.own_values)
+        self.own_keys[:, :, self.filled : end] = key_states
+        self.own_values[:, :, self.filled : end] = value_states
+        self.filled = end
+        keys, values = self.own_keys[:, :, :end], self.own_values[:, :, :end]
+        keys.vlrft_prefix = self
+        self.keys, self.values = keys, values
+        return keys, values
+
+    def get_seq_length(self) -> int:
+        return self.prefix_keys.shape[-2] + self.filled
+
+    def get_mask_sizes(self, query_length: Any) -> tuple[int, int]:
+        q = query_length if isinstance(query_length, int) else int(query_length.shape[0])  # 5.17: cache_position
+        return self.get_seq_length() + q, 0
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        raise NotImplementedError("SharedPrefixLayer: the samples per prompt are fixed when it is made")
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        raise NotImplementedError("SharedPrefixLayer: sampling only (no beam search, no contrastive search)")
+
+    reorder_cache = batch_select_indices
+
+
+def share_prompt_cache(cache: Any, prompt_mask: torch.Tensor, n: int, room: int) -> Any:
+    """A prefilled dynamic ``cache`` of one row per prompt (``prompt_mask`` ``[prompts, P]``: its real positions)
+    made the cache of ``n`` samples per prompt, each with ``room`` tokens to decode, in place: every layer becomes a
+    :class:`SharedPrefixLayer` (the model's text attention must be ``packed_sdpa``: :func:`use_packed_attention`)."""
+    cache.layers = [SharedPrefixLayer(x.keys, x.values, prompt_mask, n, room) for x in cache.layers]
+    return cache
+
+
+def _shared_prefix_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layer: SharedPrefixLayer, scale: float
+) -> tuple[torch.Tensor, None]:
+    """Attention of ``query`` ``[prompts * n, heads, q, dim]`` over each sample's prompt (shared: read once per
+    prompt, one matrix product per prompt and KV head for all its samples' queries) followed by its own ``key`` /
+    ``value`` ``[prompts * n, kv_heads, t, dim]`` (the last ``q`` of them the queries' own, causal): one softmax over
+    both, in float32. The same keys and weights as SDPA over the expanded cache; returns ``[B, q, heads, dim]``."""
+    pk, pv, n = layer.prefix_keys, layer.prefix_values, layer.n
+    prompts, kv_heads, plen, _ = pk.shape
+    batch, heads, q, dim = query.shape
+    g, t = heads // kv_heads, key.shape[-2]
+    qf = query.float().view(prompts, n, kv_heads, g * q, dim)
+    # the prompt's scores: [prompts, kv_heads, n * g * q, P], all samples of a prompt in one product
+    sp = qf.transpose(1, 2).reshape(prompts, kv_heads, n * g * q, dim) @ pk.float().transpose(-1, -2)
+    sp = sp.masked_fill(~layer.prompt_mask[:, None, None, :], float("-inf"))
+    sp = sp.view(prompts, kv_heads, n, g * q, plen).transpose(1, 2).reshape(batch, kv_heads, g * q, plen)
+    so = qf.view(batch, kv_heads, g * q, dim) @ key.float().transpose(-1, -2)  # [B, kv_heads, g * q, t]
+    if q > 1:  # query i (the q new tokens are the last q keys) sees its own keys up to t - q + i
+        allowed = torch.arange(t, device=key.device)[None] <= torch.arange(t - q, t, device=key.device)[:, None]
+        so = so.view(batch, kv_heads, g, q, t).masked_fill(~allowed, float("-inf")).view(batch, kv_heads, g * q, t)
+    w = torch.softmax(torch.cat([sp, so], dim=-1) * scale, dim=-1)
+    wp, wo = w[..., :plen], w[..., plen:]
+    out = wo @ value.float()  # [B, kv_heads, g * q, dim]
+    wp = wp.view(prompts, n, kv_heads, g * q, plen).transpose(1, 2).reshape(prompts, kv_heads, n * g * q, plen)
+    op = (wp @ pv.float()).view(prompts, kv_heads, n, g * q, dim).transpose(1, 2).reshape(batch, kv_heads, g * q, dim)
+    out = (out + op).view(batch, heads, q, dim).transpose(1, 2).contiguous()
+    return out.to(query.dtype), None
+
+
+ALL_ATTENTION_FUNCTIONS.register(PACKED_SDPA, packed_sdpa)
+ALL_MASK_ATTENTION_FUNCTIONS.register(PACKED_SDPA, sdpa_mask)  # generation and plain rows: SDPA's own masks
 
 
 def sample_images(batch: dict[str, torch.Tensor], idx: list[int]) -> dict[str, torch.Tensor]:
@@ -78,14 +260,28 @@ def _rope_owner(model: torch.nn.Module) -> Any:
     return None
 
 
+def _text_config(model: torch.nn.Module) -> Any:
+    """The text model's transformers config, through wrappers (a DeepSpeed engine's own ``config`` is a dict)."""
+    for owner in (model, getattr(model, "module", None)):
+        config = getattr(owner, "config", None)
+        if hasattr(config, "get_text_config"):
+            return getattr(config, "text_config", None) or config
+    return None
+
+
 def _attention_kind(model: torch.nn.Module) -> str:
-    config = getattr(model, "config", None) or getattr(getattr(model, "module", None), "config", None)
-    text = getattr(config, "text_config", None) or config
-    return getattr(text, "_attn_implementation", None) or getattr(config, "_attn_implementation", "sdpa")
+    return getattr(_text_config(model), "_attn_implementation", None) or "sdpa"
+
+
+def use_packed_attention(model: torch.nn.Module) -> None:
+    """The text layers of an SDPA model attend through ``packed_sdpa`` from now on (SDPA unless given packed rows)."""
+    text = _text_config(model)
+    if text is not None and _attention_kind(model) == "sdpa":
+        text._attn_implementation = PACKED_SDPA
 
 
 # attention implementations that take an arbitrary 4-D mask (flash-attention 2 does not: plain rows there)
-BLOCK_MASK_ATTENTION = ("sdpa", "eager")
+BLOCK_MASK_ATTENTION = ("sdpa", "eager", PACKED_SDPA)
 
 
 def shared_forward_applies(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> bool:
@@ -124,7 +320,7 @@ def pack_groups(
     for i, p in enumerate(prompt_index):
         members.setdefault(p, []).append(i)
 
-    rows_ids, rows_pos, rows_seg, images = [], [], [], []
+    rows_ids, rows_pos, rows_seg, images, spans = [], [], [], [], []
     row_of = torch.zeros(n, dtype=torch.long)
     predict_at = torch.zeros((n, r), dtype=torch.long)
     for b, (_, samples) in enumerate(members.items()):
@@ -152,6 +348,7 @@ def pack_groups(
         rows_ids.append(torch.cat(ids))
         rows_pos.append(torch.cat(pos, dim=1))
         rows_seg.append(torch.cat(seg))
+        spans.append((lp, [resp_len[i] for i in samples]))
 
     row_width = max(x.numel() for x in rows_ids)
     nrows = len(rows_ids)
@@ -177,12 +374,32 @@ def pack_groups(
         "attention_mask": mask.to(device),
         "position_ids": (position_ids if vl else position_ids[0]).to(device),
     }
+    if _attention_kind(model) != "eager":
+        use_packed_attention(model)
+        inputs["vlrft_packed"] = PackedLayout([_packed_row(lp, lens, device) for lp, lens in spans], row_width)
     with_images = [x for x in images if x]
     if with_images:
         inputs["pixel_values"] = torch.cat([x["pixel_values"] for x in with_images]).to(device)
         inputs["image_grid_thw"] = torch.cat([x["image_grid_thw"] for x in with_images]).to(device)
     first = int(predict_at.min()) if n else 0
     return PackedGroups(inputs, row_of, predict_at, first)
+
+
+def _packed_row(prompt: int, lengths: list[int], device: torch.device) -> PackedRow:
+    """A row ``[prompt | r_1 | ... | r_K]`` with responses of ``lengths`` tokens, for ``packed_sdpa``."""
+    total = prompt + sum(lengths)
+    if not lengths:
+        return PackedRow(prompt, total, None, None, None)
+    width = max(max(lengths), 1)
+    j = torch.arange(width)
+    starts = prompt + torch.tensor([0] + lengths[:-1]).cumsum(0)
+    lens = torch.tensor(lengths)
+    # response k's token j, or (padding) its last real token; an empty response reads position 0
+    gather = (starts[:, None] + torch.minimum(j[None], (lens[:, None] - 1).clamp(min=0))).clamp(max=max(total - 1, 0))
+    valid = (j[None] < lens[:, None]).flatten().nonzero().squeeze(1)
+    causal = j[None, :] <= j[:, None]
+    mask = torch.cat([torch.ones(width, prompt, dtype=torch.bool), causal], dim=1)[None, None]
+    return PackedRow(prompt, total, gather.to(device), valid.to(device), mask.to(device))
 
 
 def shared_prompt_logits(

@@ -2,9 +2,11 @@
 
 Images of a prompt are preprocessed once (the :class:`EncodedPrompt`) and, on an unsharded model
 (``prefill_once``), each prompt's prefill runs once: one forward over the left-padded prompts (the vision
-tower once per unique prompt, all but the last prompt token) fills a KV cache, the cache is expanded
-to the n samples (``batch_repeat_interleave``, with Qwen-VL's m-rope offsets), and ``generate``
-continues from it, so the prompt and its images are computed once per group instead of n times.
+tower once per unique prompt, all but the last prompt token) fills a KV cache, which becomes the cache of the
+n samples (with Qwen-VL's m-rope offsets) without being copied n times (``group_forward.SharedPrefixLayer``:
+the prompt's keys once, read once per prompt at each decode step, the samples' own keys filled in place), and
+``generate`` continues from it, so the prompt and its images are computed and held once per group instead of n
+times.
 Sharded models (FSDP2, ZeRO-3) generate through the root module in lockstep (``synced_gpus``) on the
 prompts repeated n times instead.
 
@@ -33,6 +35,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from data_pipelines.collate import EncodedPrompt, collate_prompts, tokenizer_of
 from vlrft.config import ConfigError, option
+from vlrft.models.group_forward import share_prompt_cache, use_packed_attention
 from vlrft.models.loading import load_model
 from vlrft.rollout.base import Rollout, SamplingParams, vision_token_ids
 
@@ -174,10 +177,14 @@ class HFRolloutEngine:
         if multimodal_rope:
             inner.rope_deltas = None  # set by this prefill (image prompts) or zero (text positions above)
         # logits_to_keep=1: only the cache is kept, so the LM head runs on one position instead of every prompt token
+        if not self.static_cache:
+            use_packed_attention(self.model)  # decoding attends over the shared prompt cache below
         cache = getattr(self.model(**prefix, use_cache=True, logits_to_keep=1), CACHE)
-        cache.batch_repeat_interleave(n)
         if self.static_cache:
+            cache.batch_repeat_interleave(n)
             cache = static_copy(cache, self.model.config, rep["input_ids"].shape[1] + new_tokens)
+        else:  # each prompt's cache held once for its n samples, theirs filled in place (no copy per decode step)
+            cache = share_prompt_cache(cache, prefix["attention_mask"], n, new_tokens + 1)
         if multimodal_rope:  # generate continues at text position + each prompt's m-rope offset
             deltas = inner.rope_deltas
             if deltas is None:
