@@ -82,11 +82,13 @@ def packed_sdpa(
     vlrft_packed: PackedLayout | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
-    """Transformers' SDPA attention, except on a causal layer given packed rows (``query`` ``[rows, heads, width,
-    dim]``): there the block mask's attention computed from its allowed pairs only. Per row, the prompt's queries
-    attend causally to the prompt; the responses' queries, gathered as ``[K, heads, L, dim]``, attend to the prompt's
-    keys (shared, expanded) followed by their own keys, causally. Padding positions output zeros (nothing reads
-    them). Exact: each query sees the same keys in the same order as under the dense block mask."""
+    """Transformers' SDPA attention, except on a causal (text) layer in two cases. Given packed rows (``query``
+    ``[rows, heads, width, dim]``, the layout as ``vlrft_packed``): the block mask's attention computed from its
+    allowed pairs only. Per row, the prompt's queries attend causally to the prompt; the responses' queries,
+    gathered as ``[K, heads, L, dim]``, attend to the prompt's keys (shared, expanded) followed by their own keys,
+    causally. Padding positions output zeros (nothing reads them). Exact: each query sees the same keys as under
+    the dense block mask. Given keys from a :class:`SharedPrefixLayer` (decoding): attention over each sample's
+    prompt, read once per prompt, and its own keys (:func:`_shared_prefix_attention`)."""
     shared = getattr(key, "vlrft_prefix", None)  # keys of a SharedPrefixLayer: decoding n samples per prompt
     if shared is not None and getattr(module, "is_causal", False):
         return _shared_prefix_attention(query, key, value, shared, module.scaling if scaling is None else scaling)
@@ -162,10 +164,10 @@ class SharedPrefixLayer(DynamicLayer):
         self.own_keys[:, :, self.filled : end] = key_states
         self.own_values[:, :, self.filled : end] = value_states
         self.filled = end
-        keys, values = self.own_keys[:, :, :end], self.own_values[:, :, :end]
+        self.keys, self.values = self.own_keys[:, :, :end], self.own_values[:, :, :end]
+        keys = self.own_keys[:, :, :end]  # a view of its own: the layer does not hold it (no reference cycle)
         keys.vlrft_prefix = self
-        self.keys, self.values = keys, values
-        return keys, values
+        return keys, self.values
 
     def get_seq_length(self) -> int:
         return self.prefix_keys.shape[-2] + self.filled
