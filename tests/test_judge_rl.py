@@ -90,10 +90,15 @@ def test_train_policy_runs_on_judgment_records(tiny_model, tmp_path):
 @pytest.mark.slow
 def test_judge_rl_learns_verifiable_judgments(tiny_model, tmp_path):
     """Learning proof: held-out pointwise judgment accuracy (images never trained on) from chance or below
-    (the random judge writes no verdict: 0) to >= 0.9, by RL alone. Measured 2026-11-23 (2-core CPU, niced
-    beside other jobs), the recipe with eval_every 50: 0 -> 0.5 (step 50) -> 0.75 (100, 150, 200) -> 1.0
-    (250, 300), 272 s; this test (before and after only): 0.0 -> 1.0, 235 s."""
-    summary = train_policy(_config(tmp_path, tiny_model("qwen2_5_vl"), "train.eval_every=0"))
-    before, after = summary["eval_before"]["accuracy"], summary["eval_after"]["accuracy"]
-    print(f"judge RL: held-out judgment accuracy {before:.3f} -> {after:.3f}")
-    assert before <= 0.6 and after >= 0.9
+    (the random judge writes no verdict: 0) to >= 0.9 by RL alone, at every evaluation from step 300 on (not only
+    the last). Whether a run leaves the plateaus at 0.5 and 0.75 depends on its trajectory (seed, and float
+    rounding: docs/reward-models.md, Judge RL, lists runs that stay). Measured 2026-11-26 (AMD EPYC, AVX-512),
+    this recipe (600 steps) at train.seed 0: 0 -> 0.75 (100) -> 0.5 (200) -> 1.0 (300, 400, 500, 600)."""
+    cfg = _config(tmp_path, tiny_model("qwen2_5_vl"), "train.eval_every=100")
+    summary = train_policy(cfg)
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    curve = {r["step"]: r["eval/accuracy"] for r in rows if "eval/accuracy" in r}
+    print(f"judge RL: held-out judgment accuracy by step {curve}")
+    assert summary["eval_before"]["accuracy"] <= 0.6
+    late = [acc for step, acc in curve.items() if step >= 300]
+    assert len(late) >= 3 and min(late) >= 0.9
