@@ -278,3 +278,21 @@ def test_shared_prefix_decode_attention_equals_attention_over_the_expanded_cache
         want = (scores.masked_fill(~ok, float("-inf")).softmax(-1) @ full_v).transpose(1, 2)
         # float32 scores and sums of 5 + 6 terms of O(1) products: a few ulps (1e-7) each; 1e-5 is far above
         assert_within((got.double() - want).abs().max(), FORWARD_BOUND, f"shared-prefix decode attention, step {step}")
+
+
+def test_engine_keeps_the_expanded_cache_for_attention_other_than_sdpa(tiny_model):
+    """An eager-attention model cannot read a SharedPrefixLayer (its attention would see the samples' own keys
+    only): the engine expands the cache instead, and prefill-once still samples the plain path's tokens."""
+    model, proc = load_model(tiny_model("qwen2"), torch.float32)
+    model.config._attn_implementation = "eager"
+    prompts = [encode_prompt(proc, r) for r in _records(with_images=False)]
+    engine = make_engine("hf", model, proc)
+    results = {}
+    for once in (True, False):
+        engine.prefill_once = once
+        torch.manual_seed(3)
+        results[once] = [
+            x.response_ids.tolist() for x in engine.generate(prompts, SamplingParams(n=3, max_new_tokens=6))
+        ]
+    assert results[True] == results[False]
+    assert model.config._attn_implementation == "eager"  # not switched to packed_sdpa

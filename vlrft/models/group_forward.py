@@ -188,7 +188,8 @@ class SharedPrefixLayer(DynamicLayer):
 def share_prompt_cache(cache: Any, prompt_mask: torch.Tensor, n: int, room: int) -> Any:
     """A prefilled dynamic ``cache`` of one row per prompt (``prompt_mask`` ``[prompts, P]``: its real positions)
     made the cache of ``n`` samples per prompt, each with ``room`` tokens to decode, in place: every layer becomes a
-    :class:`SharedPrefixLayer` (the model's text attention must be ``packed_sdpa``: :func:`use_packed_attention`)."""
+    :class:`SharedPrefixLayer` (the model's text attention must be ``packed_sdpa``: :func:`use_packed_attention`
+    says whether it is; any other attention would read the samples' own keys only)."""
     cache.layers = [SharedPrefixLayer(x.keys, x.values, prompt_mask, n, room) for x in cache.layers]
     return cache
 
@@ -275,11 +276,13 @@ def _attention_kind(model: torch.nn.Module) -> str:
     return getattr(_text_config(model), "_attn_implementation", None) or "sdpa"
 
 
-def use_packed_attention(model: torch.nn.Module) -> None:
-    """The text layers of an SDPA model attend through ``packed_sdpa`` from now on (SDPA unless given packed rows)."""
+def use_packed_attention(model: torch.nn.Module) -> bool:
+    """The text layers of an SDPA model attend through ``packed_sdpa`` from now on (SDPA unless given packed rows).
+    Whether they do (False for eager or flash attention, which keep their own)."""
     text = _text_config(model)
     if text is not None and _attention_kind(model) == "sdpa":
         text._attn_implementation = PACKED_SDPA
+    return _attention_kind(model) == PACKED_SDPA
 
 
 # attention implementations that take an arbitrary 4-D mask (flash-attention 2 does not: plain rows there)

@@ -177,14 +177,15 @@ class HFRolloutEngine:
         if multimodal_rope:
             inner.rope_deltas = None  # set by this prefill (image prompts) or zero (text positions above)
         # logits_to_keep=1: only the cache is kept, so the LM head runs on one position instead of every prompt token
-        if not self.static_cache:
-            use_packed_attention(self.model)  # decoding attends over the shared prompt cache below
+        # decoding attends over one shared prompt cache where the text attention is packed_sdpa (SDPA models)
+        shared = not self.static_cache and use_packed_attention(self.model)
         cache = getattr(self.model(**prefix, use_cache=True, logits_to_keep=1), CACHE)
-        if self.static_cache:
-            cache.batch_repeat_interleave(n)
-            cache = static_copy(cache, self.model.config, rep["input_ids"].shape[1] + new_tokens)
-        else:  # each prompt's cache held once for its n samples, theirs filled in place (no copy per decode step)
+        if shared:  # each prompt's cache held once for its n samples, theirs filled in place (no copy per step)
             cache = share_prompt_cache(cache, prefix["attention_mask"], n, new_tokens + 1)
+        else:
+            cache.batch_repeat_interleave(n)
+        if self.static_cache:
+            cache = static_copy(cache, self.model.config, rep["input_ids"].shape[1] + new_tokens)
         if multimodal_rope:  # generate continues at text position + each prompt's m-rope offset
             deltas = inner.rope_deltas
             if deltas is None:
