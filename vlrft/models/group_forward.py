@@ -379,8 +379,7 @@ def pack_groups(
         "attention_mask": mask.to(device),
         "position_ids": (position_ids if vl else position_ids[0]).to(device),
     }
-    if _attention_kind(model) != "eager":
-        use_packed_attention(model)
+    if use_packed_attention(model):  # SDPA models; eager attention reads the dense mask above
         inputs["vlrft_packed"] = PackedLayout([_packed_row(lp, lens, device) for lp, lens in spans], row_width)
     with_images = [x for x in images if x]
     if with_images:
