@@ -45,14 +45,15 @@ def _records(with_images: bool) -> list[PromptRecord]:
     return recs
 
 
-def _batch(proc, recs, group_sizes, seed=0):
-    """Groups of ``group_sizes`` random responses of uneven lengths (1 to 9 tokens) per prompt."""
+def _batch(proc, recs, group_sizes, seed=0, lengths=None):
+    """Groups of ``group_sizes`` random responses of uneven lengths (1 to 9 tokens, or ``lengths[prompt]``) per
+    prompt."""
     g = torch.Generator().manual_seed(seed)
     prompts = [encode_prompt(proc, r) for r in recs]
     index, responses = [], []
     for p, n in enumerate(group_sizes):
-        for _ in range(n):
-            length = int(torch.randint(1, 10, (1,), generator=g))
+        for k in range(n):
+            length = lengths[p][k] if lengths else int(torch.randint(1, 10, (1,), generator=g))
             responses.append(torch.randint(3, 200, (length,), generator=g))
             index.append(p)
     pad = proc.tokenizer.pad_token_id if hasattr(proc, "tokenizer") else proc.pad_token_id
@@ -207,12 +208,18 @@ def test_packed_attention_computes_from_the_layout_and_equals_the_dense_block_ma
     block-masked ones; and they equal SDPA under the dense block mask (the layout dropped), gradients included."""
     model, proc = load_model(tiny_model("qwen2_5_vl"), torch.float32)
     model.train()
-    batch, ids, _ = _batch(proc, _records(True), [3, 1, 6, 2], seed=4)
+    recs = _records(True)
+    # a fifth prompt of the first one's shape (its image another colour): with 3 responses of the same longest
+    # length, the two rows form one block, computed together
+    recs.append(PromptRecord(id="one'", prompt="<image> what colour?", images=[_image(7, (56, 84))]))
+    lengths = [[2, 6, 4], [5], [1, 9, 3, 2, 7, 4], [3, 8], [6, 1, 5]]
+    batch, ids, _ = _batch(proc, recs, [3, 1, 6, 2, 3], seed=4, lengths=lengths)
     packed = pack_groups(model, batch, ids.shape[1], torch.device("cpu"))
     assert model.config.text_config._attn_implementation == "vlrft_packed_sdpa"
     assert model.config.vision_config._attn_implementation == "sdpa"  # the vision tower keeps SDPA
     layout = packed.inputs["vlrft_packed"]
-    assert [r.prompt for r in layout.rows] == batch["prompt_lengths"][[0, 3, 4, 10]].tolist()
+    assert [r.prompt for r in layout.rows] == batch["prompt_lengths"][[0, 3, 4, 10, 12]].tolist()
+    assert sorted(b.rows.tolist() for b in layout.blocks) == [[0, 4], [1], [2], [3]]
     dense = {k: v for k, v in packed.inputs.items() if k != "vlrft_packed"}
     lengths = torch.tensor([r.length for r in layout.rows])
     keep = torch.arange(layout.width)[None] < lengths[:, None]  # the rows' real tokens (padding is never read)
@@ -237,7 +244,8 @@ def test_packed_attention_computes_from_the_layout_and_equals_the_dense_block_ma
     assert_within(worst, FORWARD_BOUND, "packed attention vs dense block mask: worst relative gradient difference")
 
 
-def test_shared_prefix_decode_attention_equals_attention_over_the_expanded_cache():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_shared_prefix_decode_attention_equals_attention_over_the_expanded_cache(dtype):
     """The decode attention over a SharedPrefixLayer (each prompt's keys once for its n samples) against a float64
     softmax over the expanded cache (every sample's prompt copy followed by its own keys), with left padding in the
     prompts, grouped KV heads and two new tokens per step (causal among them)."""
@@ -246,17 +254,18 @@ def test_shared_prefix_decode_attention_equals_attention_over_the_expanded_cache
     g = torch.Generator().manual_seed(0)
     prompts, n, kv_heads, heads, plen, dim, q = 2, 3, 2, 4, 5, 8, 2
     pk, pv = (
-        torch.randn(prompts, kv_heads, plen, dim, generator=g),
-        torch.randn(prompts, kv_heads, plen, dim, generator=g),
+        torch.randn(prompts, kv_heads, plen, dim, generator=g).to(dtype),
+        torch.randn(prompts, kv_heads, plen, dim, generator=g).to(dtype),
     )
     prompt_mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]], dtype=torch.bool)  # prompt 0 left-padded by 2
     layer = SharedPrefixLayer(pk, pv, prompt_mask, n, room=2)  # room 2: the second update doubles it
     batch = prompts * n
     for step in range(3):
-        k_new = torch.randn(batch, kv_heads, q, dim, generator=g)
-        v_new = torch.randn(batch, kv_heads, q, dim, generator=g)
-        query = torch.randn(batch, heads, q, dim, generator=g)
+        k_new = torch.randn(batch, kv_heads, q, dim, generator=g).to(dtype)
+        v_new = torch.randn(batch, kv_heads, q, dim, generator=g).to(dtype)
+        query = torch.randn(batch, heads, q, dim, generator=g).to(dtype)
         keys, values = layer.update(k_new, v_new, 0)
+        assert keys.dtype == values.dtype == dtype  # the samples' own cache stays in the model's dtype
         assert layer.get_seq_length() == plen + q * (step + 1) and keys.shape[-2] == q * (step + 1)
         attn = torch.nn.Module()
         attn.is_causal, attn.scaling = True, dim**-0.5
@@ -276,8 +285,13 @@ def test_shared_prefix_decode_attention_equals_attention_over_the_expanded_cache
             dim=-1,
         )
         want = (scores.masked_fill(~ok, float("-inf")).softmax(-1) @ full_v).transpose(1, 2)
-        # float32 scores and sums of 5 + 6 terms of O(1) products: a few ulps (1e-7) each; 1e-5 is far above
-        assert_within((got.double() - want).abs().max(), FORWARD_BOUND, f"shared-prefix decode attention, step {step}")
+        assert got.dtype == dtype
+        if dtype == torch.float32:
+            # float32 scores and sums of 5 + 6 terms of O(1) products: a few ulps (1e-7) each; 1e-5 is far above
+            err, bound = (got.double() - want).abs().max(), FORWARD_BOUND
+        else:  # computed in float32, rounded once to bf16 (8 significant bits): relative error <= 2^-8, bound twice it
+            err, bound = ((got.double() - want).abs() / want.abs().clamp_min(1e-3)).max(), 2**-7
+        assert_within(err, bound, f"shared-prefix decode attention {dtype}, step {step}")
 
 
 def test_engine_keeps_the_expanded_cache_for_attention_other_than_sdpa(tiny_model):

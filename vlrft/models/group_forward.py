@@ -54,12 +54,24 @@ class PackedGroups:
 
 @dataclass
 class PackedRow:
-    """Where a packed row's parts are, for ``packed_sdpa``."""
+    """A packed row's extent."""
 
     prompt: int  # prompt tokens (positions 0 .. prompt-1)
     length: int  # real tokens of the row (the rest is padding)
-    gather: torch.Tensor | None  # [K, L] row position of response k's token j (padding repeats a real position)
-    valid: torch.Tensor | None  # [n] indices into the flattened [K * L] of the real response tokens, in row order
+
+
+@dataclass
+class PackedBlock:
+    """The packed rows of one shape (prompt length, number of responses K, longest response L), which
+    ``packed_sdpa`` computes together (one attention call for their prompts, one for all their responses)."""
+
+    rows: torch.Tensor  # [G] the rows
+    prompt: int
+    prompt_at: torch.Tensor | None  # [G * prompt] flat positions (row * width + i) of the prompts' tokens
+    responses: int  # K
+    gather: torch.Tensor | None  # [2, G * K * L] row and position of response k's token j (padding repeats a real one)
+    valid: torch.Tensor | None  # indices into the flattened [G * K * L] of the real response tokens
+    dest: torch.Tensor | None  # their flat positions (row * width + position)
     mask: torch.Tensor | None  # [1, 1, L, prompt + L] every response query sees the prompt, and its own past
 
 
@@ -69,6 +81,7 @@ class PackedLayout:
 
     rows: list[PackedRow]
     width: int  # the rows' padded length
+    blocks: list[PackedBlock]
 
 
 def packed_sdpa(
@@ -102,39 +115,44 @@ def packed_sdpa(
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
-    out = []
-    for b, row in enumerate(layout.rows):
-        q, k, v, p = query[b], key[b], value[b], row.prompt  # [heads, width, dim]
-        parts = []
+    rows, heads, width, dim = query.shape
+    pieces, where = [], []
+    for block in layout.blocks:
+        p = block.prompt
         if p:
             o, _ = sdpa_attention_forward(
                 module,
-                q[None, :, :p],
-                k[None, :, :p],
-                v[None, :, :p],
+                query[block.rows, :, :p],
+                key[block.rows, :, :p],
+                value[block.rows, :, :p],
                 None,
                 dropout=dropout,
                 scaling=scaling,
                 is_causal=True,
-            )
-            parts.append(o[0])  # [p, heads, dim]
-        if row.gather is not None:
-            n, width = row.gather.shape
-            at = row.gather.reshape(-1)
+            )  # [G, p, heads, dim]
+            pieces.append(o.flatten(0, 1))
+            where.append(block.prompt_at)
+        if block.gather is not None:
+            n, length = block.responses, block.mask.shape[2]
+            at_row, at = block.gather
 
-            def own(x: torch.Tensor) -> torch.Tensor:  # [heads, width, dim] -> [K, heads, L, dim]
-                return x[:, at].unflatten(1, (n, width)).transpose(0, 1)
+            def own(x: torch.Tensor) -> torch.Tensor:  # [rows, heads, width, dim] -> [G * K, heads, L, dim]
+                return x[at_row, :, at].unflatten(0, (-1, length)).transpose(1, 2)
 
-            keys = torch.cat([k[None, :, :p].expand(n, -1, -1, -1), own(k)], dim=2)
-            values = torch.cat([v[None, :, :p].expand(n, -1, -1, -1), own(v)], dim=2)
+            def shared(x: torch.Tensor) -> torch.Tensor:  # the prompts' keys, once per response: [G * K, heads, p, dim]
+                x = x[block.rows, :, :p]
+                return x[:, None].expand(-1, n, -1, -1, -1).flatten(0, 1)
+
+            keys = torch.cat([shared(key), own(key)], dim=2)
+            values = torch.cat([shared(value), own(value)], dim=2)
             o, _ = sdpa_attention_forward(
-                module, own(q), keys, values, row.mask, dropout=dropout, scaling=scaling
-            )  # [K, L, heads, dim]
-            parts.append(o.flatten(0, 1)[row.valid])
-        if row.length < layout.width:
-            parts.append(query.new_zeros(layout.width - row.length, query.shape[1], query.shape[3]))
-        out.append(torch.cat(parts))
-    return torch.stack(out), None
+                module, own(query), keys, values, block.mask, dropout=dropout, scaling=scaling
+            )  # [G * K, L, heads, dim]
+            pieces.append(o.flatten(0, 1)[block.valid])
+            where.append(block.dest)
+    out = query.new_zeros(rows * width, heads, dim)  # padding positions stay zero (nothing reads them)
+    out = out.index_put((torch.cat(where),), torch.cat(pieces))
+    return out.unflatten(0, (rows, width)), None
 
 
 class SharedPrefixLayer(DynamicLayer):
@@ -147,9 +165,12 @@ class SharedPrefixLayer(DynamicLayer):
 
     def __init__(self, keys: torch.Tensor, values: torch.Tensor, prompt_mask: torch.Tensor, n: int, room: int):
         super().__init__()
-        self.prefix_keys, self.prefix_values, self.prompt_mask, self.n = keys, values, prompt_mask.bool(), n
+        # the prompt's keys in float32, the attention's precision, once (not cast again at every decode step); a
+        # float32 model's are not copied, a bf16 model's take twice their bytes, once per prompt instead of n times
+        self.prefix_keys, self.prefix_values = keys.float(), values.float()
+        self.prompt_mask, self.n = prompt_mask.bool(), n
         prompts, heads, _, dim = keys.shape
-        self.own_keys = keys.new_empty(prompts * n, heads, max(room, 1), dim)
+        self.own_keys = keys.new_empty(prompts * n, heads, max(room, 1), dim)  # the model's dtype
         self.own_values = values.new_empty(prompts * n, heads, max(room, 1), values.shape[-1])
         self.filled = 0
         self.device, self.is_initialized = keys.device, True
@@ -200,7 +221,9 @@ def _shared_prefix_attention(
     """Attention of ``query`` ``[prompts * n, heads, q, dim]`` over each sample's prompt (shared: read once per
     prompt, one matrix product per prompt and KV head for all its samples' queries) followed by its own ``key`` /
     ``value`` ``[prompts * n, kv_heads, t, dim]`` (the last ``q`` of them the queries' own, causal): one softmax over
-    both, in float32. The same keys and weights as SDPA over the expanded cache; returns ``[B, q, heads, dim]``."""
+    both, in float32 (a bf16 model's queries and own keys are cast; the layer holds the prompt's in float32), the
+    output in the query's dtype. The same keys and weights as SDPA over the expanded cache; returns
+    ``[B, q, heads, dim]``."""
     pk, pv, n = layer.prefix_keys, layer.prefix_values, layer.n
     prompts, kv_heads, plen, _ = pk.shape
     batch, heads, q, dim = query.shape
@@ -380,7 +403,7 @@ def pack_groups(
         "position_ids": (position_ids if vl else position_ids[0]).to(device),
     }
     if use_packed_attention(model):  # SDPA models; eager attention reads the dense mask above
-        inputs["vlrft_packed"] = PackedLayout([_packed_row(lp, lens, device) for lp, lens in spans], row_width)
+        inputs["vlrft_packed"] = _packed_layout(spans, row_width, device)
     with_images = [x for x in images if x]
     if with_images:
         inputs["pixel_values"] = torch.cat([x["pixel_values"] for x in with_images]).to(device)
@@ -389,21 +412,56 @@ def pack_groups(
     return PackedGroups(inputs, row_of, predict_at, first)
 
 
-def _packed_row(prompt: int, lengths: list[int], device: torch.device) -> PackedRow:
-    """A row ``[prompt | r_1 | ... | r_K]`` with responses of ``lengths`` tokens, for ``packed_sdpa``."""
-    total = prompt + sum(lengths)
-    if not lengths:
-        return PackedRow(prompt, total, None, None, None)
-    width = max(max(lengths), 1)
-    j = torch.arange(width)
-    starts = prompt + torch.tensor([0] + lengths[:-1]).cumsum(0)
-    lens = torch.tensor(lengths)
-    # response k's token j, or (padding) its last real token; an empty response reads position 0
-    gather = (starts[:, None] + torch.minimum(j[None], (lens[:, None] - 1).clamp(min=0))).clamp(max=max(total - 1, 0))
-    valid = (j[None] < lens[:, None]).flatten().nonzero().squeeze(1)
-    causal = j[None, :] <= j[:, None]
-    mask = torch.cat([torch.ones(width, prompt, dtype=torch.bool), causal], dim=1)[None, None]
-    return PackedRow(prompt, total, gather.to(device), valid.to(device), mask.to(device))
+def _packed_layout(spans: list[tuple[int, list[int]]], width: int, device: torch.device) -> PackedLayout:
+    """The layout of rows ``[prompt | r_1 | ... | r_K]`` (one per ``(prompt, response lengths)`` of ``spans``),
+    padded to ``width``, for ``packed_sdpa``: rows of the same prompt length, K and longest response form one block."""
+    shapes: dict[tuple[int, int, int], list[int]] = {}
+    for b, (prompt, lengths) in enumerate(spans):
+        shapes.setdefault((prompt, len(lengths), max(lengths, default=0)), []).append(b)
+    blocks = []
+    for (prompt, n, longest), members in shapes.items():
+        rows = torch.tensor(members)
+        prompt_at = (rows[:, None] * width + torch.arange(prompt)).flatten() if prompt else None
+        if not n:
+            blocks.append(PackedBlock(rows.to(device), prompt, _to(prompt_at, device), 0, None, None, None, None))
+            continue
+        length = max(longest, 1)
+        j = torch.arange(length)
+        gathers, valids, dests = [], [], []
+        for g, b in enumerate(members):
+            lengths = spans[b][1]
+            total = prompt + sum(lengths)
+            starts = prompt + torch.tensor([0] + lengths[:-1]).cumsum(0)
+            lens = torch.tensor(lengths)
+            # response k's token j, or (padding) its last real token; an empty response reads position 0
+            at = (starts[:, None] + torch.minimum(j[None], (lens[:, None] - 1).clamp(min=0))).clamp(
+                max=max(total - 1, 0)
+            )
+            real = (j[None] < lens[:, None]).flatten().nonzero().squeeze(1)
+            gathers.append(at.flatten())
+            valids.append(g * n * length + real)
+            dests.append(b * width + at.flatten()[real])
+        gather = torch.stack([rows.repeat_interleave(n * length), torch.cat(gathers)])
+        causal = j[None, :] <= j[:, None]
+        mask = torch.cat([torch.ones(length, prompt, dtype=torch.bool), causal], dim=1)[None, None]
+        blocks.append(
+            PackedBlock(
+                rows.to(device),
+                prompt,
+                _to(prompt_at, device),
+                n,
+                gather.to(device),
+                torch.cat(valids).to(device),
+                torch.cat(dests).to(device),
+                mask.to(device),
+            )
+        )
+    rows = [PackedRow(prompt, prompt + sum(lengths)) for prompt, lengths in spans]
+    return PackedLayout(rows, width, blocks)
+
+
+def _to(x: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
+    return None if x is None else x.to(device)
 
 
 def shared_prompt_logits(
