@@ -21,8 +21,9 @@ the prompt (the prompt is paid once per chunk rather than once per sample).
 
 Attention over a packed row computes only the query-key pairs the block mask allows (``packed_sdpa``): per row,
 the prompt's causal attention, then every response's queries at once (responses of the row padded to the longest)
-against the prompt's keys followed by the response's own keys under a causal mask. A row of a 183-token prompt and
-16 responses of 48 tokens needs 176 k of the 951^2 = 904 k pairs a dense mask computes; this computes 210 k. The
+against the prompt's keys followed by the response's own keys under a causal mask; rows of the same shape are
+computed together. A row of a 183-token prompt and 16 responses of 48 tokens needs 176 k of the 951^2 = 904 k
+pairs a dense mask computes; this computes 210 k. The
 text model's attention becomes ``packed_sdpa`` the first time a model is packed (SDPA itself for every other call,
 generation included); eager attention keeps the dense 4-D mask, which also rides along as the mask of record.
 """
@@ -99,9 +100,11 @@ def packed_sdpa(
     ``[rows, heads, width, dim]``, the layout as ``vlrft_packed``): the block mask's attention computed from its
     allowed pairs only. Per row, the prompt's queries attend causally to the prompt; the responses' queries,
     gathered as ``[K, heads, L, dim]``, attend to the prompt's keys (shared, expanded) followed by their own keys,
-    causally. Padding positions output zeros (nothing reads them). Exact: each query sees the same keys as under
-    the dense block mask. Given keys from a :class:`SharedPrefixLayer` (decoding): attention over each sample's
-    prompt, read once per prompt, and its own keys (:func:`_shared_prefix_attention`)."""
+    causally; the rows of one :class:`PackedBlock` (the same prompt length, number of responses and longest
+    response) in one call for their prompts and one for their responses. Padding positions output zeros (nothing
+    reads them). Exact: each query sees the same keys as under the dense block mask. Given keys from a
+    :class:`SharedPrefixLayer` (decoding): attention over each sample's prompt, read once per prompt, and its own
+    keys (:func:`_shared_prefix_attention`)."""
     shared = getattr(key, "vlrft_prefix", None)  # keys of a SharedPrefixLayer: decoding n samples per prompt
     if shared is not None and getattr(module, "is_causal", False):
         return _shared_prefix_attention(query, key, value, shared, module.scaling if scaling is None else scaling)
