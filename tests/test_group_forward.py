@@ -212,8 +212,8 @@ def test_packed_attention_computes_from_the_layout_and_equals_the_dense_block_ma
     # a fifth prompt of the first one's shape (its image another colour): with 3 responses of the same longest
     # length, the two rows form one block, computed together
     recs.append(PromptRecord(id="one'", prompt="<image> what colour?", images=[_image(7, (56, 84))]))
-    lengths = [[2, 6, 4], [5], [1, 9, 3, 2, 7, 4], [3, 8], [6, 1, 5]]
-    batch, ids, _ = _batch(proc, recs, [3, 1, 6, 2, 3], seed=4, lengths=lengths)
+    response_lengths = [[2, 6, 4], [5], [1, 9, 3, 2, 7, 4], [3, 8], [6, 1, 5]]
+    batch, ids, _ = _batch(proc, recs, [3, 1, 6, 2, 3], seed=4, lengths=response_lengths)
     packed = pack_groups(model, batch, ids.shape[1], torch.device("cpu"))
     assert model.config.text_config._attn_implementation == "vlrft_packed_sdpa"
     assert model.config.vision_config._attn_implementation == "sdpa"  # the vision tower keeps SDPA

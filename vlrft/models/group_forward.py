@@ -68,7 +68,7 @@ class PackedBlock:
 
     rows: torch.Tensor  # [G] the rows
     prompt: int
-    prompt_at: torch.Tensor | None  # [G * prompt] flat positions (row * width + i) of the prompts' tokens
+    prompt_at: torch.Tensor  # [G * prompt] flat positions (row * width + i) of the prompts' tokens
     responses: int  # K
     gather: torch.Tensor | None  # [2, G * K * L] row and position of response k's token j (padding repeats a real one)
     valid: torch.Tensor | None  # indices into the flattened [G * K * L] of the real response tokens
@@ -122,12 +122,13 @@ def packed_sdpa(
     pieces, where = [], []
     for block in layout.blocks:
         p = block.prompt
+        pk, pv = key[block.rows, :, :p], value[block.rows, :, :p]  # the block's prompts: [G, heads, p, dim]
         if p:
             o, _ = sdpa_attention_forward(
                 module,
                 query[block.rows, :, :p],
-                key[block.rows, :, :p],
-                value[block.rows, :, :p],
+                pk,
+                pv,
                 None,
                 dropout=dropout,
                 scaling=scaling,
@@ -142,12 +143,11 @@ def packed_sdpa(
             def own(x: torch.Tensor) -> torch.Tensor:  # [rows, heads, width, dim] -> [G * K, heads, L, dim]
                 return x[at_row, :, at].unflatten(0, (-1, length)).transpose(1, 2)
 
-            def shared(x: torch.Tensor) -> torch.Tensor:  # the prompts' keys, once per response: [G * K, heads, p, dim]
-                x = x[block.rows, :, :p]
+            def shared(x: torch.Tensor) -> torch.Tensor:  # a prompt's, once per response: [G * K, heads, p, dim]
                 return x[:, None].expand(-1, n, -1, -1, -1).flatten(0, 1)
 
-            keys = torch.cat([shared(key), own(key)], dim=2)
-            values = torch.cat([shared(value), own(value)], dim=2)
+            keys = torch.cat([shared(pk), own(key)], dim=2)
+            values = torch.cat([shared(pv), own(value)], dim=2)
             o, _ = sdpa_attention_forward(
                 module, own(query), keys, values, block.mask, dropout=dropout, scaling=scaling
             )  # [G * K, L, heads, dim]
@@ -424,9 +424,9 @@ def _packed_layout(spans: list[tuple[int, list[int]]], width: int, device: torch
     blocks = []
     for (prompt, n, longest), members in shapes.items():
         rows = torch.tensor(members)
-        prompt_at = (rows[:, None] * width + torch.arange(prompt)).flatten() if prompt else None
+        prompt_at = (rows[:, None] * width + torch.arange(prompt)).flatten().to(device)
         if not n:
-            blocks.append(PackedBlock(rows.to(device), prompt, _to(prompt_at, device), 0, None, None, None, None))
+            blocks.append(PackedBlock(rows.to(device), prompt, prompt_at, 0, None, None, None, None))
             continue
         length = max(longest, 1)
         j = torch.arange(length)
@@ -451,7 +451,7 @@ def _packed_layout(spans: list[tuple[int, list[int]]], width: int, device: torch
             PackedBlock(
                 rows.to(device),
                 prompt,
-                _to(prompt_at, device),
+                prompt_at,
                 n,
                 gather.to(device),
                 torch.cat(valids).to(device),
@@ -461,10 +461,6 @@ def _packed_layout(spans: list[tuple[int, list[int]]], width: int, device: torch
         )
     rows = [PackedRow(prompt, prompt + sum(lengths)) for prompt, lengths in spans]
     return PackedLayout(rows, width, blocks)
-
-
-def _to(x: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
-    return None if x is None else x.to(device)
 
 
 def shared_prompt_logits(
