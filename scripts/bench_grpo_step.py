@@ -16,7 +16,9 @@ prompt and own past; windowed and full vision blocks); the rollout 2 x (decoder 
 decoded position (every row of the generate call for every step) plus the prefill once per prompt
 (2 x parameters x prompt tokens), the vision tower once per prompt and attention (4 x head width per pair).
 Printed per phase: the median FLOPs, the median time, the achieved FLOP/s and its share of this machine's
-float32 GEMM rate measured at the same thread count (1024^3 matmuls). ``--sides vlrft`` runs without TRL;
+float32 GEMM rate measured at the same thread count (1024^3 matmuls); the rollout's also against the decode GEMM
+rate (the model's own decoder and LM head products at the rollout's rows, weights from memory, in the rollout's
+dtype: what a decode step's products can reach here). ``--sides vlrft`` runs without TRL;
 ``--engine vllm`` times the vllm engine (run with .venv-vllm/bin/python).
 
 TRL is not a dependency of vlrft; a venv of its own that reuses vlrft's packages (docs/benchmarks.md):
@@ -45,8 +47,16 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 
 import psutil  # noqa: E402
 import torch  # noqa: E402
-from gpu_figures import experience_work, gemm_flops_per_s, param_counts, rollout_flops, update_flops  # noqa: E402
+from gpu_figures import (
+    decode_gemm_flops_per_s,
+    experience_work,
+    gemm_flops_per_s,
+    param_counts,
+    rollout_flops,
+    update_flops,
+)  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
+from transformers import AutoConfig  # noqa: E402
 
 PHASES = ("time/rollout", "time/reward", "time/old_logprobs", "time/ref_logprobs", "time/update")
 WORK = ("flops/rollout", "flops/update")  # FLOPs of each phase, counted from the model's shapes (gpu_figures.py)
@@ -136,6 +146,9 @@ def vlrft_trainer(model_dir: Path, out: Path, a: argparse.Namespace):
                     phases.setdefault(k, []).append(metrics[k])
         return times
 
+    # the dtype the rollout computes in: the hf engine's inference copy's (rollout.hf.dtype), else the policy's
+    copy = getattr(trainer.engine, "copy", None)
+    run.rollout_dtype = copy.dtype if copy is not None else (torch.float32 if a.engine == "vllm" else model.dtype)
     return run
 
 
@@ -305,22 +318,32 @@ def main() -> None:
     if "trl" in med and "vlrft" in med:
         print(f"ratio trl / vlrft (median step time): {med['trl'] / med['vlrft']:.2f}x")
     if phases.get("vlrft", {}).get("flops/update"):
-        efficiency(phases["vlrft"], a)
+        efficiency(phases["vlrft"], a, AutoConfig.from_pretrained(model_dir), runners["vlrft"].rollout_dtype)
 
 
-def efficiency(phases: dict[str, list[float]], a: argparse.Namespace) -> None:
+def efficiency(phases: dict[str, list[float]], a: argparse.Namespace, config, rollout_dtype: torch.dtype) -> None:
     """vlrft's update and rollout against this machine's float32 matmul rate at the same thread count: FLOPs
-    counted from the model's shapes (gpu_figures.py), median per step, over the median phase time."""
+    counted from the model's shapes (gpu_figures.py), median per step, over the median phase time; the rollout
+    also against the rate of its own decode products (``config``'s weights at the rollout's rows, in the dtype the
+    rollout computes in: a bfloat16 inference copy is measured against bfloat16 products)."""
     gemm = gemm_flops_per_s(a.threads)
+    rows = a.prompts * a.generations
+    decode = decode_gemm_flops_per_s(config, rows, a.threads, rollout_dtype)
+    kind = {torch.float32: "fp32", torch.bfloat16: "bf16"}.get(rollout_dtype, str(rollout_dtype))
     print(f"fp32 GEMM (1024^3 matmuls, {a.threads} thread(s)): {gemm / 1e9:.1f} GFLOP/s")
+    print(
+        f"{kind} decode GEMM (the decoder's and LM head's {rows}-row products, weights from memory): "
+        f"{decode / 1e9:.1f} GFLOP/s, {decode / gemm:.0%} of the fp32 GEMM rate"
+    )
     for phase in ("update", "rollout"):
         flops = statistics.median(phases[f"flops/{phase}"])
         seconds = statistics.median(phases[f"time/{phase}"])
         rate = flops / seconds
         what = f"{phase} ({a.engine} engine)" if phase == "rollout" else phase
+        extra = f", {rate / decode:.0%} of the decode GEMM rate" if phase == "rollout" else ""
         print(
             f"{what}: {flops / 1e9:.1f} GFLOP in {seconds:.2f} s = {rate / 1e9:.1f} GFLOP/s, "
-            f"{rate / gemm:.0%} of the GEMM rate"
+            f"{rate / gemm:.0%} of the GEMM rate{extra}"
         )
 
 

@@ -37,6 +37,32 @@ def param_counts(config) -> dict[str, int]:
     return parts
 
 
+def decode_gemm_flops_per_s(
+    config, rows: int, threads: int, dtype: torch.dtype = torch.float32, seconds: float = 1.0
+) -> float:
+    """This machine's rate (in ``dtype``) for the matrix products of one decode step of ``config``'s model: every linear
+    layer of the text decoder and the LM head (random weights of their shapes, each its own tensor, applied in
+    layer order as decoding does, so that they are read from memory unless all of them fit in cache) on ``rows``
+    rows (the samples decoding together), repeated for about ``seconds``, the best of three rounds. At a few dozen
+    rows each weight is read once per step for little arithmetic, so this is the ceiling of the rollout's products,
+    below the square-matmul rate of :func:`gemm_flops_per_s` once the weights outgrow the caches."""
+    with torch.device("meta"):
+        model = AutoModelForImageTextToText.from_config(config)
+    shapes = [
+        (m.out_features, m.in_features, m.bias is not None)
+        for name, m in model.named_modules()
+        if isinstance(m, torch.nn.Linear) and "visual" not in name
+    ]
+    layers = [((torch.randn(o, i) * 0.02).to(dtype), torch.zeros(o, dtype=dtype) if b else None) for o, i, b in shapes]
+    inputs = {i: torch.randn(rows, i).to(dtype) for _, i, _ in shapes}
+
+    def step() -> None:
+        for w, b in layers:
+            torch.nn.functional.linear(inputs[w.shape[1]], w, b)
+
+    return _best_rate(step, sum(2 * rows * o * i for o, i, _ in shapes), threads, seconds)
+
+
 def copy_bandwidth(gib: float = 4.0, iters: int = 10) -> float:
     """Device-to-device copy bandwidth in bytes/s, counting bytes read and written."""
     if not torch.cuda.is_available():
@@ -171,16 +197,22 @@ def experience_work(exp, shared: bool = True, generate_width: int | None = None)
 def gemm_flops_per_s(threads: int, n: int = 1024, seconds: float = 1.0) -> float:
     """This machine's float32 matmul rate (FLOP/s) with ``threads`` torch threads: ``n x n`` by ``n x n``
     products repeated for about ``seconds``, the best of three rounds."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    return _best_rate(lambda: torch.mm(a, b), 2 * n**3, threads, seconds)
+
+
+def _best_rate(work, flops: float, threads: int, seconds: float) -> float:
+    """FLOP/s of ``work()`` (``flops`` each call) with ``threads`` torch threads: after one call, repeated for about
+    ``seconds`` in three rounds, the best round."""
     saved = torch.get_num_threads()
     torch.set_num_threads(threads)
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    torch.mm(a, b)
+    work()
     best = 0.0
     for _ in range(3):
         count, t0 = 0, time.perf_counter()
         while time.perf_counter() - t0 < seconds / 3:
-            torch.mm(a, b)
+            work()
             count += 1
-        best = max(best, 2 * n**3 * count / (time.perf_counter() - t0))
+        best = max(best, flops * count / (time.perf_counter() - t0))
     torch.set_num_threads(saved)
     return best
