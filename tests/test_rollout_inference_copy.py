@@ -10,13 +10,17 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from launch import subprocess_env, torchrun
 from tolerance import assert_within
 
 from vlrft.models.loading import load_model
-from vlrft.rollout import HFEngineConfig, make_engine
+from vlrft.rollout import HFEngineConfig, SamplingParams, make_engine
+from vlrft.strategies import OptimConfig, StrategyConfig, make_strategy
 
 SCRIPT = Path(__file__).parent / "dist" / "inference_copy.py"
+sys.path.insert(0, str(SCRIPT.parent))
+from vllm_sync import make_prompts, raise_likelihood, trainer_logprobs  # noqa: E402
 
 
 def test_auto_keeps_one_cpu_process_on_the_training_module_and_copies_for_sharded(tiny_model):
@@ -27,7 +31,7 @@ def test_auto_keeps_one_cpu_process_on_the_training_module_and_copies_for_sharde
     copied = make_engine("hf", model, proc, synced=True, hf=auto)
     assert copied.copy is not None and copied.model is copied.copy and not copied.synced and copied.prefill_once
     assert all(not p.requires_grad for p in copied.copy.parameters())
-    assert HFEngineConfig(dtype="bfloat16").copy_dtype(model.dtype) is __import__("torch").bfloat16
+    assert HFEngineConfig(dtype="bfloat16").copy_dtype(model.dtype) is torch.bfloat16
 
 
 @pytest.mark.distributed
@@ -53,3 +57,40 @@ def test_the_copy_samples_as_the_training_model_before_and_after_updates(tiny_mo
             # vs padded layout): a few ulps of log-probs of ~7 through ~10 reordered sums, ~1e-6 at worst
             assert_within(r[when]["logprob_gap"], 1e-5, f"{strategy} {rank_file.name} {when}: copy vs policy log-probs")
         assert r["stale"]["logprob_gap"] > 1e-3, r["stale"]  # two AdamW steps at lr 5e-3 moved the policy
+
+
+def test_a_bfloat16_copy_holds_the_policy_rounded_and_samples_its_distribution(tiny_model):
+    """``rollout.hf.dtype=bfloat16`` (the GPU default; on a CPU by choice): the copy holds every policy weight
+    rounded to bfloat16, exactly, at the start and after the weight stream refreshes it following two AdamW steps;
+    its sampled tokens' log-probs under the float32 policy are those of the copy within bfloat16's rounding."""
+    strategy = make_strategy(StrategyConfig(name="single", grad_clip=0), OptimConfig(lr=5e-3))
+    model, processor = load_model(tiny_model("qwen2_5_vl"), "float32")
+    strategy.prepare(model, total_steps=2)
+    engine = make_engine("hf", model, processor, hf=HFEngineConfig(inference_copy="on", dtype="bfloat16"))
+
+    def rounded_equal() -> bool:
+        policy = dict(model.named_parameters())
+        return all(torch.equal(p, policy[k].detach().to(torch.bfloat16)) for k, p in engine.copy.named_parameters())
+
+    assert {p.dtype for p in engine.copy.parameters()} == {torch.bfloat16} and rounded_equal()
+    prompts = make_prompts(processor, "one_image", seed=3)
+    torch.manual_seed(11)
+    rollouts = engine.generate(prompts, SamplingParams(n=2, temperature=1.0, max_new_tokens=8))
+    assert all(len(r.response_ids) > 0 for r in rollouts)
+    model.train()
+    raise_likelihood(strategy, processor, prompts, rollouts)  # two AdamW steps: the policy moves
+    model.eval()
+    assert not rounded_equal()  # stale until the stream refreshes it
+    engine.update_weights(strategy.full_params(trainable_only=not engine.needs_all_params))
+    assert rounded_equal()
+    torch.manual_seed(12)
+    sampled = engine.generate(prompts, SamplingParams(n=2, temperature=1.0, max_new_tokens=8))
+    with torch.no_grad():
+        policy, mask = trainer_logprobs(model, processor, prompts, sampled, 1.0, suppress=engine.suppress)
+        copy, _ = trainer_logprobs(engine.model, processor, prompts, sampled, 1.0, suppress=engine.suppress)
+    gap = float((policy - copy.float()).abs()[mask.bool()].max())
+    print(f"bf16 copy vs float32 policy: largest log-prob gap {gap:.3g} over {int(mask.sum())} tokens")
+    # bfloat16 keeps 8 significant bits: each weight and activation rounded by up to 2^-9 relative; through the two
+    # tiny layers the logits (|z| ~ 1) move by a few 1e-3 and a log-prob by about twice that; 0.1 leaves room for
+    # many such roundings adding up and is still far below a stale copy's effect (two AdamW steps move it by > 0.5)
+    assert_within(gap, 0.1, "bf16 copy vs float32 policy: log-probs of the copy's samples")
