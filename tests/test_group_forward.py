@@ -149,6 +149,24 @@ def test_split_group_across_micro_batches_equals_unshared(tiny_model):
     assert_within((got - want)[sub["response_mask"].bool()].abs().max(), FORWARD_BOUND, "interleaved micro-batch")
 
 
+def test_empty_responses_pack_as_the_plain_path_reads_them(tiny_model):
+    """Responses without a token (an engine may return one) in a packed micro-batch: among others they read
+    nothing and the rest equal the plain path; a micro-batch where every response is empty gives ``[N, 0]`` as the
+    plain path does (it was an arange(-1) error)."""
+    model, proc = load_model(tiny_model("qwen2_5_vl"), torch.float32)
+    model.eval()
+    recs = _records(True)[:2]
+    for lengths in ([[0, 3, 0], [2, 0]], [[0, 0, 0], [0, 0]]):
+        batch, ids, mask = _batch(proc, recs, [3, 2], lengths=lengths)
+        width = max(max(x) for x in lengths)  # a micro-batch's responses are cut to its longest (Experience)
+        ids, mask = ids[:, :width], mask[:, :width]
+        with torch.no_grad():
+            (shared, _), (plain, _) = _both(model, batch, ids)
+        assert shared.shape == plain.shape == (5, width)
+        if mask.any():
+            assert_within((shared - plain)[mask.bool()].abs().max(), FORWARD_BOUND, "empty responses: log-probs")
+
+
 def test_critic_values_equal_unshared(tiny_model):
     from vlrft.trainer.experience import response_values
 

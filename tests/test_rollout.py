@@ -67,3 +67,50 @@ def test_sampling_is_seeded_and_lengths_respect_limits(vl):
         assert 1 <= x.response_ids.numel() <= 6
         assert (x.finish_reason == "stop") == (x.response_ids[-1].item() in engine.eos_ids)
         assert not set(x.response_ids.tolist()) & set(engine.suppress)  # no vision placeholders generated
+
+
+def test_a_pad_token_the_policy_samples_stays_in_its_response(vl):
+    """A model whose tokenizer's pad token is no EOS can sample it (a real token of its vocabulary); the engine
+    keeps it as a response token, to be trained on like any other. It was dropped as if it were padding: a
+    one-token response of it came back empty and its probability was never pushed down."""
+    import copy
+
+    model, proc = vl
+    pad = proc.tokenizer.pad_token_id
+    prompts = _prompts(proc)[1:2]  # text only
+    engine = make_engine("hf", model, proc)
+    assert pad not in engine.eos_ids
+    first = engine.generate(prompts, SamplingParams(n=1, temperature=0, max_new_tokens=1))[0].response_ids.item()
+    swapped = copy.deepcopy(model)
+    with torch.no_grad():  # the LM head rows of the greedy token and the pad token exchanged: greedy picks pad
+        w = swapped.lm_head.weight
+        w[[first, pad]] = w[[pad, first]].clone()
+    engine = make_engine("hf", swapped, proc)
+    for new_tokens in (1, 3):
+        got = engine.generate(prompts, SamplingParams(n=2, temperature=0, max_new_tokens=new_tokens))
+        for r in got:
+            assert r.response_ids[0].item() == pad and r.response_ids.numel() >= 1
+            assert r.finish_reason == ("stop" if r.response_ids[-1].item() in engine.eos_ids else "length")
+
+
+def test_a_row_ended_by_a_stop_string_drops_the_padding_after_it(vl):
+    """Rows of one generate call that end at a stop string are padded while the others go on: the padding is
+    dropped, the row ends with its stop string, finish reason ``stop``; rows that did not stop keep every token."""
+    model, proc = vl
+    prompts = _prompts(proc)
+    engine = make_engine("hf", model, proc)
+    free = engine.generate(prompts, SamplingParams(n=1, temperature=0, max_new_tokens=6))
+    tok = proc.tokenizer
+    ids = free[0].response_ids.tolist()
+    stop = next((tok.decode(ids[k : k + 1]) for k in range(1, len(ids)) if tok.decode(ids[k : k + 1]).strip()), None)
+    assert stop, f"no printable token to stop at in {ids}"
+    stopped = engine.generate(prompts, SamplingParams(n=1, temperature=0, max_new_tokens=6, stop=[stop]))
+    for before, after in zip(free, stopped):
+        text = tok.decode(before.response_ids.tolist(), skip_special_tokens=True)
+        if stop in text:  # greedy: the same tokens up to the stop string, then nothing
+            assert after.finish_reason == "stop" and after.text.endswith(stop)
+            assert after.response_ids.tolist() == before.response_ids.tolist()[: after.response_ids.numel()]
+            assert proc.tokenizer.pad_token_id not in after.response_ids.tolist()[-1:]
+        else:
+            assert after.response_ids.tolist() == before.response_ids.tolist()
+    assert stopped[0].finish_reason == "stop" and stopped[0].response_ids.numel() < 6

@@ -372,9 +372,10 @@ def pack_groups(
             seg.append(torch.full((li,), k, dtype=torch.long))
             row_of[i] = b
             # token 0 is predicted by the prompt's last position, token j > 0 by the response's token j - 1
-            predict_at[i] = torch.cat([torch.tensor([lp - 1]), offset + torch.arange(r - 1)]).clamp(
-                max=offset + max(li, 1) - 1
-            )
+            # positions past the response's end repeat its last one (junk, masked); an empty response reads the
+            # prompt's last position; a micro-batch of empty responses (r = 0) reads none
+            at = torch.cat([torch.tensor([lp - 1]), offset + torch.arange(max(r - 1, 0))])[:r]
+            predict_at[i] = at.clamp(max=offset + li - 1) if li else at.clamp(max=lp - 1)
             offset += li
         rows_ids.append(torch.cat(ids))
         rows_pos.append(torch.cat(pos, dim=1))
@@ -411,7 +412,7 @@ def pack_groups(
     if with_images:
         inputs["pixel_values"] = torch.cat([x["pixel_values"] for x in with_images]).to(device)
         inputs["image_grid_thw"] = torch.cat([x["image_grid_thw"] for x in with_images]).to(device)
-    first = int(predict_at.min()) if n else 0
+    first = int(predict_at.min()) if predict_at.numel() else 0
     return PackedGroups(inputs, row_of, predict_at, first)
 
 

@@ -247,13 +247,25 @@ class HFRolloutEngine:
             if tok in self.eos_ids:
                 ids, reason = ids[: pos + 1], "stop"
                 break
-        else:
-            while ids and ids[-1] == self.pad_id and self.pad_id not in self.eos_ids:
-                ids.pop()
+        else:  # generate pads a row only once it stopped: without EOS, at a stop string
+            kept = len(ids)
+            while kept and ids[kept - 1] == self.pad_id:
+                kept -= 1
+            if kept < len(ids) and self._ends_at_stop(ids[:kept], sampling):
+                ids = ids[:kept]
+            # else a pad token the policy sampled is a response token: it is trained on like any other (dropped,
+            # its probability would grow unchecked, and a response of nothing but it would be empty)
         text = self.tokenizer.decode(ids, skip_special_tokens=True)
-        if reason == "length" and sampling.stop and any(text.endswith(s) for s in sampling.stop):
+        if reason == "length" and self._ends_at_stop(ids, sampling):
             reason = "stop"
         return Rollout(prompt_index, torch.tensor(ids, dtype=torch.long), text, reason)
+
+    def _ends_at_stop(self, ids: list[int], sampling: SamplingParams) -> bool:
+        """Whether the text of ``ids`` ends with one of the stop strings."""
+        if not sampling.stop or not ids:
+            return False
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        return any(text.endswith(s) for s in sampling.stop)
 
 
 # static caches are allocated in lengths of this many tokens, so that prompts of similar width share one
