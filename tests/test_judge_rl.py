@@ -93,7 +93,8 @@ def test_judge_rl_learns_verifiable_judgments(tiny_model, tmp_path):
     (the random judge writes no verdict: 0) to >= 0.9 by RL alone, at every evaluation from step 300 on (not only
     the last). Whether a run leaves the plateaus at 0.5 and 0.75 depends on its trajectory (seed, and float
     rounding: docs/reward-models.md, Judge RL, lists runs that stay). Measured 2026-11-26 (AMD EPYC, AVX-512),
-    this recipe (600 steps) at train.seed 0: 0 -> 0.75 (100) -> 0.5 (200) -> 1.0 (300, 400, 500, 600)."""
+    this recipe (600 steps) at train.seed 0, since the hf engine keeps a pad token the judge samples (38fa87c):
+    0 -> 1.0 (100, 200, 300, 400, 500, 600); before it 0 -> 0.75 (100) -> 0.5 (200) -> 1.0 (300 on)."""
     cfg = _config(tmp_path, tiny_model("qwen2_5_vl"), "train.eval_every=100")
     summary = train_policy(cfg)
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
