@@ -375,7 +375,7 @@ def pack_groups(
             # positions past the response's end repeat its last one (junk, masked); an empty response reads the
             # prompt's last position; a micro-batch of empty responses (r = 0) reads none
             at = torch.cat([torch.tensor([lp - 1]), offset + torch.arange(max(r - 1, 0))])[:r]
-            predict_at[i] = at.clamp(max=offset + li - 1) if li else at.clamp(max=lp - 1)
+            predict_at[i] = at.clamp(max=offset + li - 1 if li else lp - 1)
             offset += li
         rows_ids.append(torch.cat(ids))
         rows_pos.append(torch.cat(pos, dim=1))

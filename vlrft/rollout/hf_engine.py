@@ -251,21 +251,22 @@ class HFRolloutEngine:
             kept = len(ids)
             while kept and ids[kept - 1] == self.pad_id:
                 kept -= 1
-            if kept < len(ids) and self._ends_at_stop(ids[:kept], sampling):
+            if kept < len(ids) and sampling.stop and _ends_at_stop(self._text(ids[:kept]), sampling.stop):
                 ids = ids[:kept]
             # else a pad token the policy sampled is a response token: it is trained on like any other (dropped,
             # its probability would grow unchecked, and a response of nothing but it would be empty)
-        text = self.tokenizer.decode(ids, skip_special_tokens=True)
-        if reason == "length" and self._ends_at_stop(ids, sampling):
+        text = self._text(ids)
+        if reason == "length" and _ends_at_stop(text, sampling.stop):
             reason = "stop"
         return Rollout(prompt_index, torch.tensor(ids, dtype=torch.long), text, reason)
 
-    def _ends_at_stop(self, ids: list[int], sampling: SamplingParams) -> bool:
-        """Whether the text of ``ids`` ends with one of the stop strings."""
-        if not sampling.stop or not ids:
-            return False
-        text = self.tokenizer.decode(ids, skip_special_tokens=True)
-        return any(text.endswith(s) for s in sampling.stop)
+    def _text(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def _ends_at_stop(text: str, stop: list[str]) -> bool:
+    """Whether ``text`` ends with one of the stop strings (an empty text ends with none)."""
+    return bool(text) and any(text.endswith(s) for s in stop)
 
 
 # static caches are allocated in lengths of this many tokens, so that prompts of similar width share one
