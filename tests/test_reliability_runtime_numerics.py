@@ -99,10 +99,13 @@ def test_guard_counts_skips_resets_on_a_good_step_and_stops_after_n_in_a_row():
     assert guard.skipped == 4
 
 
-def test_checkpoint_and_export_refuse_nonfinite_weights_and_write_nothing(tiny_model, tmp_path):
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_checkpoint_and_export_refuse_nonfinite_weights_and_write_nothing(tiny_model, tmp_path, bad):
     s = _strategy(tiny_model("qwen2_5_vl"))
-    with torch.no_grad():
-        next(s.model.parameters())[0, 0] = float("nan")
+    s.require_finite_weights("before")  # finite weights pass
+    with torch.no_grad():  # one element of the last parameter (the check reads each tensor's extremes)
+        last = list(s.model.parameters())[-1]
+        last.view(-1)[-1] = bad
     with pytest.raises(NonFiniteError, match="when saving checkpoint .*step-000001") as err:
         s.save_checkpoint(tmp_path / "checkpoints" / "step-000001", {"step": 1})
     assert isinstance(err.value, KnownError)

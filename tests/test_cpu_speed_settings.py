@@ -1,0 +1,56 @@
+"""The CPU settings a training process gets from its strategy (docs/benchmarks.md, "The GPU fast path"): freed host
+memory kept for the next tensors (no page faults per step), and torch's fused AdamW."""
+
+from __future__ import annotations
+
+import json
+import platform
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from vlrft.strategies.base import OptimConfig, make_optimizer
+
+# A child process (the setting is process-wide): page faults of five 64 MiB tensors, each written and freed, before
+# and after a strategy of ``keep_freed_memory`` is made (after one more tensor: the first after the switch still
+# grows the heap).
+_CHILD = """
+import json, resource, sys, torch
+from vlrft.strategies import StrategyConfig, make_strategy
+
+def faults():
+    torch.ones(16 * 2**20)  # 64 MiB, written, freed
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(5):
+        torch.ones(16 * 2**20)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+first = faults()
+make_strategy(StrategyConfig(keep_freed_memory=sys.argv[1]))
+print(json.dumps([first, faults()]))
+"""
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt is glibc's (macOS, musl: not applied)")
+@pytest.mark.parametrize("setting", ["auto", "no"])
+def test_a_cpu_strategy_keeps_freed_memory_so_tensors_do_not_page_fault_anew(setting):
+    out = subprocess.run([sys.executable, "-c", _CHILD, setting], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    before, after = json.loads(out.stdout.strip().splitlines()[-1])
+    print(f"keep_freed_memory={setting}: page faults of five 64 MiB tensors {before} before, {after} after")
+    # glibc maps each 64 MiB tensor afresh (above its largest mmap threshold): 16 k faults of 4 KiB pages each, or 32
+    # of 2 MiB where transparent huge pages are always on; kept memory is written without any
+    assert before >= 5 * 32
+    if setting == "auto":  # on CPU: on
+        assert after * 10 < before
+    else:
+        assert after * 2 > before
+
+
+def test_the_optimizer_is_torchs_fused_adamw_for_cpu_parameters():
+    params = [torch.nn.Parameter(torch.randn(4, 3)), torch.nn.Parameter(torch.randn(3), requires_grad=False)]
+    opt = make_optimizer(params, OptimConfig(lr=0.1))
+    assert isinstance(opt, torch.optim.AdamW) and opt.defaults["fused"] is True
+    assert [p for group in opt.param_groups for p in group["params"]] == params[:1]  # the trainable ones
