@@ -12,7 +12,7 @@ from tolerance import assert_within
 from data_pipelines.collate import collate_sequences, encode_prompt
 from data_pipelines.records import PromptRecord
 from reward_models.scalar import ScalarRewardModel
-from vlrft.models.group_forward import pack_groups, sample_images, shared_forward_applies
+from vlrft.models.group_forward import _explicit_scores, pack_groups, sample_images, shared_forward_applies
 from vlrft.models.loading import load_model, load_processor
 from vlrft.rollout import SamplingParams, make_engine
 from vlrft.trainer.experience import Experience, infer_response_logprobs, response_logprobs, response_tensors
@@ -223,14 +223,16 @@ def test_shared_forward_applies_only_with_prompt_index_and_a_block_mask_kernel(t
 def test_packed_attention_computes_from_the_layout_and_equals_the_dense_block_mask(tiny_model):
     """``packed_sdpa`` (the text layers' attention once a model is packed) computes each packed row from its layout,
     not from the dense block mask: with the mask replaced by one that allows every pair, the outputs stay the
-    block-masked ones; and they equal SDPA under the dense block mask (the layout dropped), gradients included."""
+    block-masked ones; and they equal SDPA under the dense block mask (the layout dropped), gradients included.
+    Both ways of computing a block's responses are among the blocks: the explicit scores (responses no longer than
+    the head dimension, 16 here) and SDPA over copies of the prompt's keys (the text prompt's 20-token response)."""
     model, proc = load_model(tiny_model("qwen2_5_vl"), torch.float32)
     model.train()
     recs = _records(True)
     # a fifth prompt of the first one's shape (its image another colour): with 3 responses of the same longest
     # length, the two rows form one block, computed together
     recs.append(PromptRecord(id="one'", prompt="<image> what colour?", images=[_image(7, (56, 84))]))
-    response_lengths = [[2, 6, 4], [5], [1, 9, 3, 2, 7, 4], [3, 8], [6, 1, 5]]
+    response_lengths = [[2, 6, 4], [20], [1, 9, 3, 2, 7, 4], [3, 8], [6, 1, 5]]
     batch, ids, _ = _batch(proc, recs, [3, 1, 6, 2, 3], seed=4, lengths=response_lengths)
     packed = pack_groups(model, batch, ids.shape[1], torch.device("cpu"))
     assert model.config.text_config._attn_implementation == "vlrft_packed_sdpa"
@@ -238,6 +240,9 @@ def test_packed_attention_computes_from_the_layout_and_equals_the_dense_block_ma
     layout = packed.inputs["vlrft_packed"]
     assert [r.prompt for r in layout.rows] == batch["prompt_lengths"][[0, 3, 4, 10, 12]].tolist()
     assert sorted(b.rows.tolist() for b in layout.blocks) == [[0, 4], [1], [2], [3]]
+    head = torch.empty(1, 1, 1, model.config.text_config.hidden_size // model.config.text_config.num_attention_heads)
+    explicit = {tuple(b.rows.tolist()): _explicit_scores(head, b.mask.shape[2], 0.0) for b in layout.blocks}
+    assert explicit == {(0, 4): True, (1,): False, (2,): True, (3,): True}
     dense = {k: v for k, v in packed.inputs.items() if k != "vlrft_packed"}
     lengths = torch.tensor([r.length for r in layout.rows])
     keep = torch.arange(layout.width)[None] < lengths[:, None]  # the rows' real tokens (padding is never read)
@@ -310,6 +315,43 @@ def test_shared_prefix_decode_attention_equals_attention_over_the_expanded_cache
         else:  # computed in float32, rounded once to bf16 (8 significant bits): relative error <= 2^-8, bound twice it
             err, bound = ((got.double() - want).abs() / want.abs().clamp_min(1e-3)).max(), 2**-7
         assert_within(err, bound, f"shared-prefix decode attention {dtype}, step {step}")
+
+
+def test_packed_responses_explicit_attention_equals_float64_gradients_included():
+    """The explicit attention of a block's responses (``_prefix_attention`` with each response's queries its own
+    keys: ``q == t``, causal, no prompt padding), which CPU training takes for responses no longer than the head
+    dimension, against a float64 softmax over each response's copy of its prompt followed by its own keys:
+    outputs and the gradients wrt the queries, the responses' keys and values and the prompt's keys and values."""
+    from vlrft.models.group_forward import _prefix_attention
+
+    g = torch.Generator().manual_seed(0)
+    prompts, n, kv_heads, heads, plen, dim, length = 2, 3, 2, 4, 5, 8, 4
+    batch = prompts * n
+    shapes = [(batch, heads, length, dim), (batch, kv_heads, length, dim), (batch, kv_heads, length, dim)]
+    shapes += [(prompts, kv_heads, plen, dim)] * 2
+    inputs = [torch.randn(*s, generator=g) for s in shapes]  # query, own keys, own values, prompt keys, values
+    grad_out = torch.randn(batch, length, heads, dim, generator=g)
+
+    def run(dtype, fn):
+        xs = [x.to(dtype).clone().requires_grad_() for x in inputs]
+        out = fn(*xs)
+        out.backward(grad_out.to(dtype))
+        return out.detach(), [x.grad for x in xs]
+
+    def reference(q, k, v, pk, pv):  # every response's copy of its prompt, then its own keys; head h on KV head h // 2
+        full_k = torch.cat([pk.repeat_interleave(n, 0), k], dim=2).repeat_interleave(heads // kv_heads, 1)
+        full_v = torch.cat([pv.repeat_interleave(n, 0), v], dim=2).repeat_interleave(heads // kv_heads, 1)
+        ok = torch.cat([torch.ones(length, plen, dtype=torch.bool), torch.ones(length, length).tril().bool()], 1)
+        scores = (q @ full_k.transpose(-1, -2) * dim**-0.5).masked_fill(~ok, float("-inf"))
+        return (scores.softmax(-1) @ full_v).transpose(1, 2)
+
+    got, got_grads = run(torch.float32, lambda q, k, v, pk, pv: _prefix_attention(q, k, v, pk, pv, None, dim**-0.5)[0])
+    want, want_grads = run(torch.float64, reference)
+    # float32 products and sums of 5 + 4 terms of O(1) values, a few ulps (1e-7) each, and the gradients' sums of
+    # as many such terms over responses and heads: ~1e-6 at worst; 1e-5 is far above
+    assert_within((got.double() - want).abs().max(), FORWARD_BOUND, "explicit responses' attention vs float64")
+    for name, a, b in zip(["query", "keys", "values", "prompt keys", "prompt values"], got_grads, want_grads):
+        assert_within((a.double() - b).abs().max(), FORWARD_BOUND, f"explicit responses' attention: d/d {name}")
 
 
 def test_engine_keeps_the_expanded_cache_for_attention_other_than_sdpa(tiny_model):

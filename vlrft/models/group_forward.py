@@ -23,7 +23,9 @@ Attention over a packed row computes only the query-key pairs the block mask all
 the prompt's causal attention, then every response's queries at once (responses of the row padded to the longest)
 against the prompt's keys followed by the response's own keys under a causal mask; rows of the same shape are
 computed together. A row of a 183-token prompt and 16 responses of 48 tokens needs 176 k of the 951^2 = 904 k
-pairs a dense mask computes; this computes 210 k. The
+pairs a dense mask computes; this computes 210 k. On CPU, responses no longer than the head dimension attend
+through explicit float32 scores with each prompt's keys read once for all its responses (``_prefix_attention``,
+the decode's attention over a shared prompt cache), the rest through SDPA over copies of the prompt's keys. The
 text model's attention becomes ``packed_sdpa`` the first time a model is packed (SDPA itself for every other call,
 generation included); eager attention keeps the dense 4-D mask, which also rides along as the mask of record.
 """
@@ -101,13 +103,14 @@ def packed_sdpa(
     allowed pairs only. Per row, the prompt's queries attend causally to the prompt; the responses' queries,
     gathered as ``[K, heads, L, dim]``, attend to the prompt's keys (shared, expanded) followed by their own keys,
     causally; the rows of one :class:`PackedBlock` (the same prompt length, number of responses and longest
-    response) in one call for their prompts and one for their responses. Padding positions output zeros (nothing
-    reads them). Exact: each query sees the same keys as under the dense block mask. Given keys from a
-    :class:`SharedPrefixLayer` (decoding): attention over each sample's prompt, read once per prompt, and its own
-    keys (:func:`_shared_prefix_attention`)."""
+    response) in one call for their prompts and one for their responses (:func:`_prefix_attention` instead of SDPA
+    where :func:`_explicit_scores` says so). Padding positions output zeros (nothing reads them). Exact: each query
+    sees the same keys as under the dense block mask. Given keys from a :class:`SharedPrefixLayer` (decoding):
+    attention over each sample's prompt, read once per prompt, and its own keys (:func:`_prefix_attention`)."""
+    scale = module.scaling if scaling is None else scaling
     shared = getattr(key, "vlrft_prefix", None)  # keys of a SharedPrefixLayer: decoding n samples per prompt
     if shared is not None and getattr(module, "is_causal", False):
-        return _shared_prefix_attention(query, key, value, shared, module.scaling if scaling is None else scaling)
+        return _prefix_attention(query, key, value, shared.prefix_keys, shared.prefix_values, shared.prompt_mask, scale)
     layout = vlrft_packed
     if (
         layout is None
@@ -146,11 +149,14 @@ def packed_sdpa(
             def shared(x: torch.Tensor) -> torch.Tensor:  # a prompt's, once per response: [G * K, heads, p, dim]
                 return x[:, None].expand(-1, n, -1, -1, -1).flatten(0, 1)
 
-            keys = torch.cat([shared(pk), own(key)], dim=2)
-            values = torch.cat([shared(pv), own(value)], dim=2)
-            o, _ = sdpa_attention_forward(
-                module, own(query), keys, values, block.mask, dropout=dropout, scaling=scaling
-            )  # [G * K, L, heads, dim]
+            if _explicit_scores(query, length, dropout):  # each prompt's keys read once for its K responses
+                o, _ = _prefix_attention(own(query), own(key), own(value), pk, pv, None, scale)
+            else:
+                keys = torch.cat([shared(pk), own(key)], dim=2)
+                values = torch.cat([shared(pv), own(value)], dim=2)
+                o, _ = sdpa_attention_forward(
+                    module, own(query), keys, values, block.mask, dropout=dropout, scaling=scaling
+                )  # [G * K, L, heads, dim]
             pieces.append(o.flatten(0, 1)[block.valid])
             where.append(block.dest)
     out = query.new_zeros(rows * width, heads, dim)  # padding positions stay zero (nothing reads them)
@@ -218,25 +224,45 @@ def share_prompt_cache(cache: Any, prompt_mask: torch.Tensor, n: int, room: int)
     return cache
 
 
-def _shared_prefix_attention(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layer: SharedPrefixLayer, scale: float
+def _explicit_scores(query: torch.Tensor, longest: int, dropout: float) -> bool:
+    """Whether a block's responses attend through :func:`_prefix_attention` (explicit float32 scores; each prompt's
+    keys and values read once for its K responses) rather than SDPA over per-response copies of the prompt's keys
+    and values, repeated per query head. On CPU, where it takes two thirds of SDPA's time forward and backward
+    (docs/benchmarks.md), for responses no longer than the head dimension D: then what it keeps for the backward
+    (the scores and weights, about L(2P + L + 2D) floats per response and query head for responses of L tokens
+    after a P-token prompt) is no more than SDPA's copies (2(P + L)D + 2LD). CUDA keeps SDPA's fused kernels."""
+    return query.device.type == "cpu" and not dropout and longest <= query.shape[-1]
+
+
+def _prefix_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    prefix_keys: torch.Tensor,
+    prefix_values: torch.Tensor,
+    prompt_mask: torch.Tensor | None,
+    scale: float,
 ) -> tuple[torch.Tensor, None]:
-    """Attention of ``query`` ``[prompts * n, heads, q, dim]`` over each sample's prompt (shared: read once per
-    prompt, one matrix product per prompt and KV head for all its samples' queries) followed by its own ``key`` /
-    ``value`` ``[prompts * n, kv_heads, t, dim]`` (the last ``q`` of them the queries' own, causal): one softmax over
-    both, in float32 (a bf16 model's queries and own keys are cast; the layer holds the prompt's in float32), the
-    output in the query's dtype. The same keys and weights as SDPA over the expanded cache; returns
-    ``[B, q, heads, dim]``."""
-    pk, pv, n = layer.prefix_keys, layer.prefix_values, layer.n
+    """Attention of ``query`` ``[prompts * n, heads, q, dim]`` (n samples per prompt, in prompt order) over its
+    prompt's ``prefix_keys`` / ``prefix_values`` ``[prompts, kv_heads, P, dim]`` (shared: one matrix product per
+    prompt and KV head for all its samples' queries; ``prompt_mask`` ``[prompts, P]`` its real positions, None: all)
+    followed by its own ``key`` / ``value`` ``[prompts * n, kv_heads, t, dim]`` (the last ``q`` of them the queries'
+    own, causal): one softmax over both, in float32 (a bf16 model's queries and keys are cast), the output in the
+    query's dtype. The same keys and weights as SDPA over every sample's copy of its prompt followed by its own keys.
+    Decoding reads a :class:`SharedPrefixLayer`'s prompt (``q`` new tokens); the packed training forward a block's
+    responses (``q == t``, the whole response). Returns ``[B, q, heads, dim]``."""
+    pk, pv = prefix_keys, prefix_values
+    n = query.shape[0] // pk.shape[0]
     prompts, kv_heads, plen, _ = pk.shape
     batch, heads, q, dim = query.shape
     g, t = heads // kv_heads, key.shape[-2]
-    qf = query.float().view(prompts, n, kv_heads, g * q, dim)
+    qf = query.float().reshape(prompts, n, kv_heads, g * q, dim)
     # the prompt's scores: [prompts, kv_heads, n * g * q, P], all samples of a prompt in one product
     sp = qf.transpose(1, 2).reshape(prompts, kv_heads, n * g * q, dim) @ pk.float().transpose(-1, -2)
-    sp = sp.masked_fill(~layer.prompt_mask[:, None, None, :], float("-inf"))
+    if prompt_mask is not None:
+        sp = sp.masked_fill(~prompt_mask[:, None, None, :], float("-inf"))
     sp = sp.view(prompts, kv_heads, n, g * q, plen).transpose(1, 2).reshape(batch, kv_heads, g * q, plen)
-    so = qf.view(batch, kv_heads, g * q, dim) @ key.float().transpose(-1, -2)  # [B, kv_heads, g * q, t]
+    so = qf.reshape(batch, kv_heads, g * q, dim) @ key.float().transpose(-1, -2)  # [B, kv_heads, g * q, t]
     if q > 1:  # query i (the q new tokens are the last q keys) sees its own keys up to t - q + i
         allowed = torch.arange(t, device=key.device)[None] <= torch.arange(t - q, t, device=key.device)[:, None]
         so = so.view(batch, kv_heads, g, q, t).masked_fill(~allowed, float("-inf")).view(batch, kv_heads, g * q, t)
