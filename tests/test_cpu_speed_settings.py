@@ -1,5 +1,5 @@
-"""The CPU settings a training process gets from its strategy (docs/benchmarks.md, "The GPU fast path"): freed host
-memory kept for the next tensors (no page faults per step), and torch's fused AdamW."""
+"""The CPU setting a training process gets from its strategy (docs/strategies.md, "CPU speed settings"): freed host
+memory kept for the next tensors (no page faults per step)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,6 @@ import subprocess
 import sys
 
 import pytest
-import torch
-
-from vlrft.strategies.base import OptimConfig, make_optimizer
 
 # A child process (the setting is process-wide): page faults of five 64 MiB tensors, each written and freed, before
 # and after a strategy of ``keep_freed_memory`` is made (after one more tensor: the first after the switch still
@@ -47,10 +44,3 @@ def test_a_cpu_strategy_keeps_freed_memory_so_tensors_do_not_page_fault_anew(set
         assert after * 10 < before
     else:
         assert after * 2 > before
-
-
-def test_the_optimizer_is_torchs_fused_adamw_for_cpu_parameters():
-    params = [torch.nn.Parameter(torch.randn(4, 3)), torch.nn.Parameter(torch.randn(3), requires_grad=False)]
-    opt = make_optimizer(params, OptimConfig(lr=0.1))
-    assert isinstance(opt, torch.optim.AdamW) and opt.defaults["fused"] is True
-    assert [p for group in opt.param_groups for p in group["params"]] == params[:1]  # the trainable ones

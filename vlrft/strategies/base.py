@@ -178,18 +178,17 @@ def make_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, total_ste
 
 
 def make_optimizer(params, cfg: OptimConfig) -> torch.optim.Optimizer:
-    """AdamW over the trainable ``params``: torch's fused kernel (one pass over each parameter, its gradient and
-    moments; 3x faster than the per-tensor loop on CPU, docs/benchmarks.md) where every parameter is a floating
-    point tensor on the CPU or a CUDA device, the per-tensor loop otherwise. The two differ only in float rounding."""
-    trainable = [p for p in params if p.requires_grad]
-    fused = all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in trainable)
+    """AdamW over the trainable ``params``, torch's per-tensor loop. Its fused kernel (``fused=True``) is 3x faster
+    on CPU (13 ms against 38 ms for 21 M parameters, docs/benchmarks.md) but rounds differently by a few ulps, which
+    moves two learning proofs of the slow suite off the trajectories they were shown on (the tools proof's SFT stage
+    reached 0.75, the judge RL proof stayed at the positive verdict); it waits until those proofs hold across float
+    rounding."""
     return torch.optim.AdamW(
-        trainable,
+        [p for p in params if p.requires_grad],
         lr=cfg.lr,
         betas=tuple(cfg.betas),
         eps=cfg.eps,
         weight_decay=cfg.weight_decay,
-        fused=fused or None,
     )
 
 
