@@ -155,9 +155,10 @@ def vlrft_trainer(model_dir: Path, out: Path, a: argparse.Namespace):
                     phases.setdefault(k, []).append(metrics[k])
         return times
 
-    # the dtype the rollout computes in: the hf engine's inference copy's (rollout.hf.dtype), else the policy's
+    # the dtype the rollout computes in: the hf engine's inference copy's (rollout.hf.dtype), vLLM's
+    # (rollout.vllm.dtype), else the policy's
     copy = getattr(trainer.engine, "copy", None)
-    run.rollout_dtype = copy.dtype if copy is not None else (torch.float32 if a.engine == "vllm" else model.dtype)
+    run.rollout_dtype = copy.dtype if copy is not None else getattr(trainer.engine, "compute_dtype", model.dtype)
     return run
 
 

@@ -22,6 +22,8 @@ pytest.importorskip(
     "vllm", reason="vLLM is not installed here: bash scripts/setup.sh --vllm; bash scripts/test.sh --vllm"
 )
 
+import torch  # noqa: E402
+
 from tests.test_policy_distributed import _env  # noqa: E402
 from vlrft.models.loading import load_model  # noqa: E402
 from vlrft.rollout import HFRolloutEngine, SamplingParams, VLLMRolloutEngine  # noqa: E402
@@ -50,6 +52,7 @@ def _kinds(arch: str) -> list[str]:
 
 def test_greedy_equals_hf_token_for_token(policy):
     arch, _, model, processor, engine = policy
+    assert engine.compute_dtype == torch.float32  # rollout.vllm.dtype auto on CPU: what greedy equality needs
     hf = HFRolloutEngine(model, processor)
     for kind in _kinds(arch):
         prompts = make_prompts(processor, kind)
