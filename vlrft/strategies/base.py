@@ -122,7 +122,7 @@ def keep_freed_memory() -> bool:
     largest). By default glibc maps every allocation above a threshold (128 KiB, raised as such blocks are freed, at
     most 32 MiB) afresh and unmaps it when freed, and trims the heap, so each training step touches its activations'
     pages anew: a page fault per 4 KiB page, which costs more than the element-wise work that writes it on a virtual
-    machine (docs/benchmarks.md: 20-40 k faults per update step of the 21 M benchmark, 0 with this). The process
+    machine (docs/benchmarks.md: 2-100 k faults per update step of the 21 M benchmark, 0 with this). The process
     keeps its peak memory, as PyTorch's CUDA caching allocator does on a GPU; jemalloc or tcmalloc through
     ``LD_PRELOAD`` (PyTorch's CPU tuning guide) do the same job. Returns whether it applied (False where the C
     library has no ``mallopt``: macOS, or musl's, which ignores it)."""
