@@ -10,6 +10,28 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+
+def _pin_cpu_arithmetic() -> dict[str, str]:
+    """The same float32 arithmetic on every x86-64 machine with AVX2, AVX-512 ones included: PyTorch's own kernels
+    (random draws, reductions, softmax, attention) at their AVX2 level, MKL's conditional numerical reproducibility
+    at its AVX2 branch and oneDNN capped at AVX2. Learning proofs follow one trajectory of a tiny model, and where a
+    run leaves a plateau depends on float rounding (docs/index.md, Same arithmetic on every machine): unpinned, an
+    AVX-512 machine and an AVX2 one initialise and train differently, so a proof measured on one failed on the
+    other. Set before torch loads; child processes (torchrun, the CLI) inherit it. A variable already set is kept."""
+    try:
+        flags = next((line for line in open("/proc/cpuinfo") if line.startswith("flags")), "")
+    except OSError:
+        return {}
+    if " avx2" not in flags:
+        return {}
+    pins = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+    for key, value in pins.items():
+        os.environ.setdefault(key, value)
+    return pins
+
+
+PINNED = _pin_cpu_arithmetic()
+
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
@@ -19,6 +41,13 @@ import torch  # noqa: E402
 torch.set_num_threads(1)
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def pytest_report_header(config):
+    pins = ", ".join(f"{k}={os.environ[k]}" for k in PINNED) or "not pinned (no AVX2)"
+    return f"cpu arithmetic: {pins}"
+
+
 SHARED_DATA = REPO.parent / "shared" / "data"
 
 

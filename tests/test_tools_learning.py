@@ -54,7 +54,10 @@ def lessons(tmp_path: Path, *rl_overrides: str, base: Path | None = None) -> dic
     assert main([*cmd, SOURCES, f"train.output_dir={rl}", *rl_overrides, *QUIET]) == 0
     rows = [json.loads(line) for line in (rl / "metrics.jsonl").read_text().splitlines()]
     sft, sft_rarely = _summary(first)["eval_after"]["accuracy"], _summary(rarely)["eval_after"]["accuracy"]
-    assert abs(rows[0]["eval/accuracy"] - sft_rarely) < 1e-9  # RL starts where SFT ended (the same held-out set)
+    # RL starts where SFT ended: the same model greedy on the same 64 held-out prompts, within one prompt (the SFT's
+    # evaluation decodes in batches of 16, train-policy's in its rollout batches: other padding, other float
+    # rounding, and a near-tie of the greedy choice may flip; measured on AVX2 0.234375 against 0.25, equal on AVX-512)
+    assert abs(rows[0]["eval/accuracy"] - sft_rarely) <= 1 / 64 + 1e-9, (rows[0]["eval/accuracy"], sft_rarely)
     return {"sft": sft, "sft_rarely": sft_rarely, "rows": rows}
 
 
