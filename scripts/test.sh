@@ -4,6 +4,8 @@
 #   bash scripts/test.sh --slow    # only the slow tests (learning proofs with distributed strategies, ...; .ci/run runs them)
 #   bash scripts/test.sh --vllm    # only the tests marked vllm, in .venv-vllm (built by setup.sh --vllm)
 #   bash scripts/test.sh -- ARGS   # extra pytest arguments
+# The default and slow suites run on two test workers (pytest-xdist; the tests use one torch thread each, torchrun
+# tests are kept to one worker: tests/conftest.py); VLRFT_TEST_WORKERS=N sets their number, 0 runs in one process.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh --dev
@@ -12,10 +14,12 @@ bash scripts/setup.sh --dev
 .venv/bin/ruff check --quiet .
 marker="not slow"
 py=.venv/bin/python
+workers=${VLRFT_TEST_WORKERS:-2}
 if [ "${1:-}" = "--slow" ]; then marker="slow and not vllm"; shift; fi
 if [ "${1:-}" = "--vllm" ]; then
   marker="vllm"
   py=.venv-vllm/bin/python
+  workers=${VLRFT_TEST_WORKERS:-0}  # vLLM's engines: one at a time (not measured with two workers)
   shift
   bash scripts/setup.sh --vllm
 fi
@@ -32,4 +36,6 @@ print(f"machine: {cpu} ({simd}), {os.cpu_count()} cores, python {platform.python
 PY
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 WANDB_MODE=offline
 export TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$PWD/.cache/torch_extensions}"
-exec "$py" -m pytest -m "$marker" "$@"
+parallel=()
+[ "$workers" -gt 0 ] && parallel=(-n "$workers" --dist loadgroup)
+exec "$py" -m pytest -m "$marker" "${parallel[@]}" "$@"

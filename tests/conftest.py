@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -164,6 +165,39 @@ def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
         pytest.skip(f"shared data folder {SHARED_DATA} is absent")
     return SHARED_DATA
+
+
+def pytest_collection_modifyitems(config, items):
+    """Two test workers (scripts/test.sh runs pytest-xdist with ``--dist loadgroup``): the tests that start torchrun
+    (marker ``distributed``: 2 gloo processes each) share one group, so they run one after another on one worker
+    and the machine never holds more than three busy processes (two ranks and the other worker's test); and the
+    tests with a time limit above the default (the longest learning proofs) start first, so that the two workers
+    end together rather than one of them starting a 20-minute proof last."""
+    default = float(config.getini("timeout") or 0)
+
+    def limit(item) -> float:
+        mark = item.get_closest_marker("timeout")
+        return float(mark.args[0]) if mark and mark.args else default
+
+    items.sort(key=lambda item: -limit(item) if limit(item) > default else 0.0)  # stable: otherwise file order
+    for item in items:
+        if item.get_closest_marker("distributed"):
+            item.add_marker(pytest.mark.xdist_group("torchrun"))
+
+
+def pytest_sessionfinish(session):
+    """A worker hands its exactness margins to the controller, which prints them (pytest_terminal_summary)."""
+    from tolerance import MEASURED
+
+    if hasattr(session.config, "workeroutput"):
+        session.config.workeroutput["tolerance"] = json.dumps(MEASURED)
+
+
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: absent when pytest runs in one process
+def pytest_testnodedown(node, error):
+    from tolerance import MEASURED
+
+    MEASURED.extend(json.loads(getattr(node, "workeroutput", {}).get("tolerance", "[]")))
 
 
 def pytest_terminal_summary(terminalreporter):
