@@ -171,8 +171,9 @@ def pytest_collection_modifyitems(config, items):
     """Two test workers (scripts/test.sh runs pytest-xdist with ``--dist loadgroup``): the tests that start torchrun
     (marker ``distributed``: 2 gloo processes each) share one group, so they run one after another on one worker
     and the machine never holds more than three busy processes (two ranks and the other worker's test); and the
-    tests with a time limit above the default (the longest learning proofs) start first, so that the two workers
-    end together rather than one of them starting a 20-minute proof last."""
+    tests with a time limit above the default (the longest learning proofs) come first, so that the two workers
+    end together rather than one of them starting a 20-minute proof last (xdist hands out the largest group
+    first, then the other tests in this order)."""
     default = float(config.getini("timeout") or 0)
 
     def limit(item) -> float:
