@@ -42,12 +42,12 @@ def _summary(run: Path) -> dict:
     return json.loads((run / "summary.json").read_text())
 
 
-def lessons(tmp_path: Path, *rl_overrides: str, base: Path | None = None) -> dict:
-    """The three stages from ``base`` (a model folder; the config's tiny Qwen3-VL when None). Returns the two SFT
-    held-out accuracies and RL's metrics rows."""
+def lessons(tmp_path: Path, *rl_overrides: str, base: Path | None = None, first_overrides: tuple = ()) -> dict:
+    """The three stages from ``base`` (a model folder; the config's tiny Qwen3-VL when None; ``first_overrides``
+    for stage 1). Returns the two SFT held-out accuracies and RL's metrics rows."""
     first, rarely, rl = tmp_path / "sft", tmp_path / "sft-rarely", tmp_path / "rl"
     cmd = ["train-sft", str(REPO / "configs" / "sft" / "zoom_tools.yaml"), f"train.output_dir={first}"]
-    assert main([*cmd, *([f"model.path={base}"] if base else []), *QUIET]) == 0
+    assert main([*cmd, *([f"model.path={base}"] if base else []), *first_overrides, *QUIET]) == 0
     cmd = ["train-sft", str(REPO / "configs" / "sft" / "zoom_tools_rarely.yaml"), f"model.path={first / 'final'}"]
     assert main([*cmd, f"train.output_dir={rarely}", *QUIET]) == 0
     cmd = ["train-policy", str(REPO / "configs" / "policy" / "zoom_tools.yaml"), f"model.path={rarely / 'final'}"]

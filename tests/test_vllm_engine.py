@@ -101,6 +101,7 @@ def test_sampled_logprobs_equal_the_trainers(policy):
         assert gap < 1e-4, (kind, gap)
 
 
+@pytest.mark.distributed
 @pytest.mark.timeout(2000)
 @pytest.mark.parametrize("strategy", ["single", "fsdp2", "deepspeed"])
 def test_sync_after_optimizer_steps_and_skipped_sync_detected(strategy, tiny_model, tmp_path):
