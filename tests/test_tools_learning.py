@@ -42,9 +42,12 @@ def _summary(run: Path) -> dict:
     return json.loads((run / "summary.json").read_text())
 
 
-def lessons(tmp_path: Path, *rl_overrides: str, base: Path | None = None, first_overrides: tuple = ()) -> dict:
+def lessons(
+    tmp_path: Path, *rl_overrides: str, base: Path | None = None, first_overrides: tuple = (), same_engine: bool = True
+) -> dict:
     """The three stages from ``base`` (a model folder; the config's tiny Qwen3-VL when None; ``first_overrides``
-    for stage 1). Returns the two SFT held-out accuracies and RL's metrics rows."""
+    for stage 1; ``same_engine``: RL evaluates with the hf engine, as the SFT stages do). Returns the two SFT
+    held-out accuracies and RL's metrics rows."""
     first, rarely, rl = tmp_path / "sft", tmp_path / "sft-rarely", tmp_path / "rl"
     cmd = ["train-sft", str(REPO / "configs" / "sft" / "zoom_tools.yaml"), f"train.output_dir={first}"]
     assert main([*cmd, *([f"model.path={base}"] if base else []), *first_overrides, *QUIET]) == 0
@@ -56,8 +59,13 @@ def lessons(tmp_path: Path, *rl_overrides: str, base: Path | None = None, first_
     sft, sft_rarely = _summary(first)["eval_after"]["accuracy"], _summary(rarely)["eval_after"]["accuracy"]
     # RL starts where SFT ended: the same model greedy on the same 64 held-out prompts, within one prompt (the SFT's
     # evaluation decodes in batches of 16, train-policy's in its rollout batches: other padding, other float
-    # rounding, and a near-tie of the greedy choice may flip; measured on AVX2 0.234375 against 0.25, equal on AVX-512)
-    assert abs(rows[0]["eval/accuracy"] - sft_rarely) <= 1 / 64 + 1e-9, (rows[0]["eval/accuracy"], sft_rarely)
+    # rounding, and a near-tie of the greedy choice may flip; measured on AVX2 0.234375 against 0.25, equal on AVX-512).
+    # With the vllm engine RL's evaluation is vLLM's greedy decoding against the SFT's hf one: stage 2 leaves the
+    # choice between zooming and answering at once near a tie by design, and vLLM's kernels round otherwise (6 of 64
+    # prompts differed on AVX2: 0.25 against 0.15625); there the start is held to stage 2's own bar
+    # (check_rl_learns_when_and_where_to_zoom) and the engines' agreement to the log-prob gaps.
+    if same_engine:
+        assert abs(rows[0]["eval/accuracy"] - sft_rarely) <= 1 / 64 + 1e-9, (rows[0]["eval/accuracy"], sft_rarely)
     return {"sft": sft, "sft_rarely": sft_rarely, "rows": rows}
 
 
@@ -82,6 +90,7 @@ def check_rl_learns_when_and_where_to_zoom(result: dict) -> dict:
     print(f"tools learning proof: {figures}")
     assert result["sft"] >= 0.9, figures  # stage 1 taught the call and the reading (measured 1.0)
     assert result["sft_rarely"] <= 0.4, figures  # greedy answers at once: chance 0.25 (measured 0.25)
+    assert with_tools[0] <= 0.4, figures  # and RL starts there: chance (measured 0.25 on hf and on vllm)
     late = [a for step, a in with_tools.items() if step >= 50]  # not the last evaluation alone
     assert len(late) >= 3 and min(late) >= 0.9, figures  # measured 1.0 at steps 25-100
     assert all(abs(a - 0.25) <= 0.1 for a in withheld), figures  # the answer is the tool's: chance without it
