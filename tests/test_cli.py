@@ -15,8 +15,10 @@ def _vlrft(*args, **kw):
 def test_help_of_every_subcommand(capsys):
     from vlrft.cli import build_parser, main
 
-    top = _vlrft("--help")  # the real entry point once; each subcommand's help in this process (10 s an import)
+    top = _vlrft("--help")  # the real entry point once; each subcommand's help in this process (seconds an import)
     assert top.returncode == 0 and "usage: vlrft" in top.stdout
+    for name in ("train-policy", "train-sft", "train-dpo", "train-reward-model", "probe-rewards", "eval"):
+        assert name in top.stdout
     sub = build_parser()._subparsers._group_actions[0].choices
     assert "make-tiny-model" in sub
     for name in sub:
@@ -24,6 +26,17 @@ def test_help_of_every_subcommand(capsys):
             main([name, "--help"])
         out = capsys.readouterr()
         assert end.value.code == 0 and f"usage: vlrft {name}" in out.out, out.err
+
+
+def test_top_level_help_imports_neither_torch_nor_transformers():
+    # the parser is built on every invocation: config schemas are imported when a command needs them
+    code = (
+        "import sys; from vlrft.cli import build_parser; build_parser(); "
+        "print(sorted(m for m in ('torch', 'transformers', 'omegaconf') if m in sys.modules))"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["['omegaconf']"]  # the config loader's, light (0.1 s)
 
 
 def test_make_tiny_model_cli_writes_a_loadable_folder(tmp_path):

@@ -1,8 +1,15 @@
 """Architecture names, known without importing transformers (keeps ``vlrft --help`` fast)."""
 
 import importlib.util
+from pathlib import Path
 
-ARCHS = ("qwen2_vl", "qwen2_5_vl", "qwen2") + (
-    ("qwen3_vl",) if importlib.util.find_spec("transformers.models.qwen3_vl") is not None else ()
-)
+
+def _has_transformers_model(name: str) -> bool:
+    """Whether the installed transformers ships ``transformers.models.<name>``: its folder is looked up, not imported
+    (``find_spec`` of a submodule imports the parent packages, which costs seconds)."""
+    spec = importlib.util.find_spec("transformers")
+    return any((Path(p) / "models" / name / "__init__.py").is_file() for p in (spec.submodule_search_locations or ()))
+
+
+ARCHS = ("qwen2_vl", "qwen2_5_vl", "qwen2") + (("qwen3_vl",) if _has_transformers_model("qwen3_vl") else ())
 VL_ARCHS = tuple(a for a in ARCHS if a != "qwen2")

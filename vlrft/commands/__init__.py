@@ -4,6 +4,7 @@ config-driven ones (``train-policy``, ``train-sft``, ``train-dpo``, ``train-rewa
 from __future__ import annotations
 
 import argparse
+import importlib
 from pathlib import Path
 from typing import Any, Callable
 
@@ -12,9 +13,27 @@ from vlrft.run_folder import check_clearable
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # where vlrft/ lies: embedded files are named from here
 
+# a config schema: its class, or "module:Class", imported when a command needs it (help or run), not when the
+# parser is built: the config classes live beside torch and transformers, and `vlrft --help` imports none of them
+Schema = type | str
+
+
+def schema_class(schema: Schema) -> type:
+    """The config class a :data:`Schema` names."""
+    if isinstance(schema, str):
+        module, _, name = schema.partition(":")
+        return getattr(importlib.import_module(module), name)
+    return schema
+
 
 def config_parser(
-    sub: argparse._SubParsersAction, name: str, *, schema: type, default: str | Path | None, help: str, description: str
+    sub: argparse._SubParsersAction,
+    name: str,
+    *,
+    schema: Schema,
+    default: str | Path | None,
+    help: str,
+    description: str,
 ) -> argparse.ArgumentParser:
     """A subcommand taking ``[--print-config] [CONFIG.yaml ...] [key.sub=value ...]`` (read them with
     :func:`config_from_args`); ``default`` is the embedded config used when no CONFIG is given. ``--help`` lists
@@ -47,7 +66,7 @@ def add_config_command(
     sub: argparse._SubParsersAction,
     name: str,
     *,
-    schema: type,
+    schema: Schema,
     default: str | Path | None,
     help: str,
     description: str,
@@ -97,9 +116,10 @@ class ConfigHelp(argparse.Action):
         parser.exit()
 
 
-def config_help(schema: type, default: str | Path | None) -> str:
+def config_help(schema: Schema, default: str | Path | None) -> str:
     """The epilog of a config-driven command: every key with the value of a run without CONFIG, resolved as
     :func:`config_from_args` resolves it, the keys the embedded file sets marked ``[demo]``."""
+    schema = schema_class(schema)
     values = load_config(schema, default, [])
     if default is None:
         header = "defaults shown are those of a run with no CONFIG: the schema defaults"
@@ -129,7 +149,7 @@ def split_config_args(items: list[str]) -> tuple[list[str], list[str]]:
     return list(items[:n]), list(items[n:])
 
 
-def config_from_args(schema: type, items: list[str], default: str | Path | None = None) -> Any:
+def config_from_args(schema: Schema, items: list[str], default: str | Path | None = None) -> Any:
     """The validated config of a config-driven command (``default`` when no CONFIG is given)."""
     paths, overrides = split_config_args(items)
-    return load_config(schema, paths or default, overrides)
+    return load_config(schema_class(schema), paths or default, overrides)

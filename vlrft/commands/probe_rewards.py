@@ -13,12 +13,10 @@ FLAGGED_EXIT = 3  # a probe was flagged (0: none; 2: a config or data error, as 
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    from vlrft.trainer.config import PolicyTrainConfig
-
     p = config_parser(
         sub,
         "probe-rewards",
-        schema=PolicyTrainConfig,
+        schema="vlrft.trainer.config:PolicyTrainConfig",
         default=DEMO_CONFIG,
         help="score made-up hacks (empty, every answer, junk around the answer, ...) through a config's reward pool",
         description="Build the reward pool of a train-policy config (no CONFIG: the embedded demo), take --records "

@@ -12,12 +12,10 @@ DEMO_CONFIG = Path(__file__).resolve().parents[1] / "trainer" / "dpo_demo.yaml"
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    from vlrft.trainer.supervised_config import DPOTrainConfig
-
     add_config_command(
         sub,
         "train-dpo",
-        schema=DPOTrainConfig,
+        schema="vlrft.trainer.supervised_config:DPOTrainConfig",
         default=DEMO_CONFIG,
         train=run,
         help="DPO / IPO / conservative DPO / RPO on preference pairs with images",

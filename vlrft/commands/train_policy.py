@@ -12,12 +12,10 @@ DEMO_CONFIG = Path(__file__).resolve().parents[1] / "trainer" / "demo.yaml"
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    from vlrft.trainer.config import PolicyTrainConfig
-
     add_config_command(
         sub,
         "train-policy",
-        schema=PolicyTrainConfig,
+        schema="vlrft.trainer.config:PolicyTrainConfig",
         default=DEMO_CONFIG,
         train=run,
         help="train a Qwen-VL / Qwen policy with GRPO-family algorithms or PPO",

@@ -8,12 +8,10 @@ from vlrft.commands import add_config_command
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    from reward_models.config import RewardModelTrainConfig
-
     add_config_command(
         sub,
         "train-reward-model",
-        schema=RewardModelTrainConfig,
+        schema="reward_models.config:RewardModelTrainConfig",
         default=None,  # the schema's defaults: synthetic data, a tiny random model
         train=run,
         help="train a scalar (Bradley-Terry) or generative (judge) reward model",

@@ -12,12 +12,10 @@ DEMO_CONFIG = Path(__file__).resolve().parents[1] / "trainer" / "sft_demo.yaml"
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    from vlrft.trainer.supervised_config import SFTTrainConfig
-
     add_config_command(
         sub,
         "train-sft",
-        schema=SFTTrainConfig,
+        schema="vlrft.trainer.supervised_config:SFTTrainConfig",
         default=DEMO_CONFIG,
         train=run,
         help="supervised fine-tuning on chat records (loss on assistant tokens only)",
