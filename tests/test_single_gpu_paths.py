@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import socket
+import warnings
 
 import pytest
 import torch
@@ -20,7 +21,7 @@ import torch.distributed as dist
 from transformers import AutoProcessor
 from transformers.models.auto.processing_auto import PROCESSOR_MAPPING
 
-from data_pipelines.collate import encode_prompt
+from data_pipelines.collate import collate_sequences, encode_prompt, model_inputs
 from data_pipelines.synthetic import make_prompt_records
 from vlrft.algorithms.aggregation import _collective_device
 from vlrft.models.loading import load_model, load_processor
@@ -67,6 +68,41 @@ def test_fsdp2_on_one_process_embeds_once_and_generates_as_the_plain_model(tiny_
     got = engine.generate(prompts, sampling)
     ref = make_engine("hf", plain.eval(), proc).generate(prompts, sampling)
     assert [r.response_ids.tolist() for r in got] == [r.response_ids.tolist() for r in ref]
+
+
+def _tensors(x):
+    if isinstance(x, torch.Tensor):
+        yield x
+    elif isinstance(x, dict):  # ModelOutput too
+        for v in x.values():
+            yield from _tensors(v)
+    elif isinstance(x, (list, tuple)):
+        for v in x:
+            yield from _tensors(v)
+
+
+def test_fsdp2_does_not_warn_about_the_outputs_views(tiny_model, world_of_one):
+    # torch 2.13 warns when an FSDP2 root returns a view; a Qwen-VL's output carries its image features split
+    # per image (views: image_outputs.pooler_output) beside the logits. vlrft reads outputs out of place only
+    # (strategies/fsdp2.py), so the warning is not shown; the gradient equals the plain model's
+    path = tiny_model("qwen2_5_vl")
+    plain, proc = load_model(path)
+    strategy = FSDP2Strategy(StrategyConfig(name="fsdp2"), OptimConfig())
+    strategy.prepare(load_model(path)[0])
+    model = strategy.unwrap()
+    rec = make_prompt_records("color", 1, seed=0)[0]
+    inputs = model_inputs(collate_sequences([encode_prompt(proc, rec)], [0], [torch.tensor([11, 12, 13])], 0))
+    with warnings.catch_warnings(record=True) as seen:
+        out = model(**inputs, logits_to_keep=4)  # as the update calls it (group_forward.py)
+        assert any(t._base is not None for t in _tensors(out))  # torch's warning would be raised here
+        out.logits.logsumexp(-1).sum().backward()
+    assert [str(w.message) for w in seen if "view tensor" in str(w.message)] == []
+    plain(**inputs, logits_to_keep=4).logits.logsumexp(-1).sum().backward()
+    name, ref = next((n, p) for n, p in plain.named_parameters() if "q_proj.weight" in n)
+    got = dict(model.named_parameters())[name].grad
+    got = got.full_tensor() if hasattr(got, "full_tensor") else got
+    # one process: FSDP2 computes the same float32 products in the same order
+    assert torch.equal(got, ref.grad)
 
 
 @pytest.mark.parametrize(

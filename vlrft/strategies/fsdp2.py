@@ -8,6 +8,7 @@ saved in the same sharded form), so resume is exact. The full state for export i
 from __future__ import annotations
 
 import pickle
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,13 @@ from vlrft.strategies.base import Strategy
 
 _BLOCK_CLASS_SUFFIXES = ("DecoderLayer", "VisionBlock")
 
+# torch >= 2.13 warns, on every run, when an FSDP2-wrapped module returns a view: an in-place op on that view
+# would drop the pre-backward hook (no all-gather for the backward). A Qwen-VL's output (transformers 5.2x) carries
+# its image features split per image, views, beside the logits. vlrft reads model outputs out of place only
+# (indexing, log_softmax, gathers; those image features not at all) and the FSDP2 tests compare gradients with
+# single-process training, so the warning says nothing to our users and is not shown (tests/test_single_gpu_paths.py).
+_VIEW_WARNING = r"FSDP2-wrapped module \(.*\) returned a view tensor"
+
 
 def _blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The transformer blocks to shard one by one (decoder layers and vision blocks)."""
@@ -35,6 +43,7 @@ class FSDP2Strategy(Strategy):
         return self.distributed
 
     def _shard(self, model: torch.nn.Module) -> torch.nn.Module:
+        warnings.filterwarnings("ignore", message=_VIEW_WARNING, category=UserWarning)
         device_type = "cuda" if torch.cuda.is_available() else "cpu"
         mesh = init_device_mesh(device_type, (self.world_size,))
         kwargs: dict[str, Any] = {"mesh": mesh}
