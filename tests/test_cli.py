@@ -13,12 +13,16 @@ def _vlrft(*args, **kw):
 
 
 def test_help_of_every_subcommand(capsys):
+    import vlrft
     from vlrft.cli import build_parser, main
 
     top = _vlrft("--help")  # the real entry point once; each subcommand's help in this process (seconds an import)
     assert top.returncode == 0 and "usage: vlrft" in top.stdout
     for name in ("train-policy", "train-sft", "train-dpo", "train-reward-model", "probe-rewards", "eval"):
         assert name in top.stdout
+    with pytest.raises(SystemExit) as end:
+        main(["--version"])
+    assert end.value.code == 0 and capsys.readouterr().out.strip() == f"vlrft {vlrft.__version__}"
     sub = build_parser()._subparsers._group_actions[0].choices
     assert "make-tiny-model" in sub
     for name in sub:

@@ -19,6 +19,7 @@ import sys
 import traceback
 
 from data_pipelines.errors import DataError
+from vlrft import __version__
 from vlrft.config import ConfigError
 from vlrft.errors import KnownError, Preempted
 
@@ -57,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="vlrft",
         description="Multimodal reward modeling and reinforcement fine-tuning for Qwen-VL policies.",
     )
+    parser.add_argument("--version", action="version", version=f"vlrft {__version__}")
     parser.add_argument(
         "--debug", action="store_true", help="show the traceback of known failures too (or set VLRFT_DEBUG=1)"
     )
