@@ -201,6 +201,9 @@ class Probe:
         def generate(engine, prompts, sampling):
             stamps: list[tuple[float, int, int]] = []
 
+            # kept out of torch.compile: traced, its sync and clock broke the compiled decode's graph and recompiled
+            # until dynamo's limit (seen on an H200)
+            @torch.compiler.disable
             def hook(module, args, kwargs, output):
                 probe.sync()
                 ids = kwargs.get("input_ids")
@@ -223,7 +226,8 @@ class Probe:
                 rec["forwards"] += len(stamps)
                 rec["decode_steps"] += len(stamps) - 1
                 rec["decode_s"] += stamps[-1][0] - stamps[0][0]
-                rec["decode_rows"] = max(rec["decode_rows"], stamps[0][1])
+                # the decode steps' rows (the prefill runs once per prompt: fewer rows than the n samples decoded)
+                rec["decode_rows"] = max(rec["decode_rows"], stamps[-1][1])
                 rec["prefill_len"] = stamps[0][2]
             rec["generated_tokens"] = rec.get("generated_tokens", 0) + sum(len(r.response_ids) for r in out)
             return out
@@ -261,7 +265,10 @@ class Probe:
         PolicyTrainer.step = step
 
         if not save:
-            PolicyTrainer.save_checkpoint = lambda trainer: None
+            from vlrft.loop import Run
+
+            # the run's checkpoints (a 3B one with fp32 AdamW state is about 45 GB: it filled an H200 machine's disk)
+            Run._save = lambda run, trainer, step, history: None
             Strategy.save_pretrained = lambda strategy, out_dir, processor=None: None
 
 
