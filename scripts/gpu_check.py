@@ -237,10 +237,26 @@ class Probe:
         self.wrap(RewardPool, "score", "reward")
         self.wrap(PolicyTrainer, "_logprobs", "logprobs")
 
+        # the micro-batches the update runs (recorded as the trainer forms them) and whether it packs groups
+        import vlrft.trainer.policy_trainer as policy_module
+
+        original_parts = policy_module.sequence_micro_batches
+
+        def parts_recorded(*args, packed: bool, **kwargs):
+            parts = original_parts(*args, packed=packed, **kwargs)
+            rec = probe.current.setdefault("micro_batches", {"parts": [], "packed": packed})
+            rec["parts"] += [idx.tolist() for idx, weight in parts if weight]
+            return parts
+
+        policy_module.sequence_micro_batches = parts_recorded
+
         def after_update(rec, args, kwargs, result):
             trainer, exp = args[0], args[1]
-            # the work as the update computes it (the group-shared forward: each prompt once per group)
-            update, rollout = experience_work(exp, shared=trainer.shared)
+            # the work as the update computes it: the group-shared forward computes each prompt once per group within
+            # a micro-batch (micro-batches of one sample compute it for every sample)
+            mbs = probe.current.pop("micro_batches", {"parts": None, "packed": trainer.shared})
+            update, rollout = experience_work(exp, shared=mbs["packed"], micro_batches=mbs["parts"])
+            rec["micro_batches"] = len(mbs["parts"]) if mbs["parts"] is not None else None
             rec.update(update)
             rec["rollout_work"] = rollout
             rec["samples"] = len(exp)
@@ -322,6 +338,7 @@ def summarise(args, config, counts, bw: float, peak: float, probe: Probe, metric
                     "measured_over_roofline_time": round(measured_step / roof_step, 2) if dsteps else None,
                 },
                 "samples": upd.get("samples"),
+                "update_micro_batches": upd.get("micro_batches"),
                 "update_seq_tokens": upd.get("seq_tokens"),
                 "update_response_tokens": upd.get("response_tokens"),
                 "image_patches": upd.get("image_patches"),

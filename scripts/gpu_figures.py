@@ -153,13 +153,18 @@ def rollout_flops(config, counts: dict, work: dict) -> dict[str, float]:
     return {"prefill": prefill, "vision": vis, "decode": decode, "total": prefill + vis + decode}
 
 
-def experience_work(exp, shared: bool = True, generate_width: int | None = None) -> tuple[dict, dict]:
+def experience_work(
+    exp, shared: bool = True, generate_width: int | None = None, micro_batches: list[list[int]] | None = None
+) -> tuple[dict, dict]:
     """(update work for :func:`update_flops`, rollout work for :func:`rollout_flops`) of one step's experience
     (``vlrft.trainer.experience.Experience``) as the update computes it: with the group-shared forward (``shared``)
-    each prompt and its images once per group and each response after it, a response token attending to the
-    prompt and its own past; without it every sample's prompt, images and response (causal); logit rows for the
-    response positions only (``logits_to_keep``). The rollout: the prefill and vision once per prompt, and rows
-    decoding ``generate_width`` steps (default: the longest response) in one generate call."""
+    each prompt and its images once per group within a micro-batch and each response after it, a response token
+    attending to the prompt and its own past; without it every sample's prompt, images and response (causal); logit
+    rows for the response positions only (``logits_to_keep``). ``micro_batches``: the sample indices of each
+    micro-batch the update ran (all epochs; default: one holding every sample once), so a group split over
+    micro-batches (micro-batches of one sample, say) computes its prompt in each. The rollout: the prefill and vision
+    once per prompt, and rows decoding ``generate_width`` steps (default: the longest response) in one generate
+    call."""
     b = exp.batch
     plen, rlen = b["prompt_lengths"].tolist(), b["response_lengths"].tolist()
     groups: dict[int, int] = {}
@@ -168,18 +173,29 @@ def experience_work(exp, shared: bool = True, generate_width: int | None = None)
     grids = b["image_grid_thw"].tolist() if "image_grid_thw" in b else []
     per_sample = b["images_per_sample"].tolist() if "images_per_sample" in b else [0] * len(plen)
     starts = [sum(per_sample[:i]) for i in range(len(per_sample))]
-    prompt_grids = [g for i in groups.values() for g in grids[starts[i] : starts[i] + per_sample[i]]]
+    sample_grids = [grids[starts[i] : starts[i] + per_sample[i]] for i in range(len(plen))]
+    prompt_grids = [g for i in groups.values() for g in sample_grids[i]]
     prompts = [plen[i] for i in groups.values()]
-    if shared:
-        pairs = sum(P * P / 2 for P in prompts) + sum(R * P + R * (R + 1) / 2 for P, R in zip(plen, rlen))
-        seq_tokens, update_grids = sum(prompts) + sum(rlen), prompt_grids
-    else:
-        pairs = sum((P + R) ** 2 / 2 for P, R in zip(plen, rlen))
-        seq_tokens, update_grids = sum(plen) + sum(rlen), grids
+    index = b["prompt_index"].tolist()
+    pairs = seq_tokens = 0.0
+    update_grids = []
+    for mb in micro_batches if micro_batches is not None else [list(range(len(plen)))]:
+        if shared:  # each prompt of the micro-batch once, then its responses
+            firsts = list({index[i]: i for i in reversed(mb)}.values())
+            pairs += sum(plen[i] * plen[i] / 2 for i in firsts) + sum(
+                rlen[i] * plen[i] + rlen[i] * (rlen[i] + 1) / 2 for i in mb
+            )
+            seq_tokens += sum(plen[i] for i in firsts) + sum(rlen[i] for i in mb)
+            update_grids += [g for i in firsts for g in sample_grids[i]]
+        else:
+            pairs += sum((plen[i] + rlen[i]) ** 2 / 2 for i in mb)
+            seq_tokens += sum(plen[i] + rlen[i] for i in mb)
+            update_grids += [g for i in mb for g in sample_grids[i]]
+    logit_rows = sum(rlen[i] for mb in micro_batches for i in mb) if micro_batches is not None else sum(rlen)
     update = {
         "seq_tokens": seq_tokens,
         "attention_pairs": pairs,
-        "logit_rows": sum(rlen),
+        "logit_rows": logit_rows,
         "image_patches": sum(t * h * w for t, h, w in update_grids),
         "image_grids": update_grids,
     }

@@ -28,5 +28,40 @@ def test_gpu_check_smoke_writes_its_json_and_no_checkpoint(tmp_path):
         assert step["samples"] == 8 and step["update_response_tokens"] > 0
         # tokens/s is rows per decode step over the step's time (the step's ms are rounded to 0.01: within 1 %)
         assert abs(decode["measured_tokens_per_s"] * decode["measured_ms_per_step"] / 1e3 - 8) < 0.08
+        # token budget 4096: one micro-batch holds both groups, each prompt computed once
+        assert step["update_micro_batches"] == 1
     assert not (out / "checkpoints").exists()  # neither a step's checkpoint nor the run's last
     assert (out / "metrics.jsonl").is_file()
+
+
+def test_update_work_counts_each_prompt_once_per_micro_batch():
+    """Hand-counted: 2 prompts (lengths 10 and 20, one image of 4 patches each) x 2 samples (responses 3, 5 and 2, 4
+    tokens). One micro-batch of all four computes each prompt once; micro-batches of one sample compute a prompt
+    for every sample, as without the group-shared forward."""
+    import sys
+    from types import SimpleNamespace
+
+    import torch
+
+    sys.path.insert(0, str(REPO / "scripts"))
+    from gpu_figures import experience_work
+
+    batch = {
+        "prompt_lengths": torch.tensor([10, 10, 20, 20]),
+        "response_lengths": torch.tensor([3, 5, 2, 4]),
+        "prompt_index": torch.tensor([0, 0, 1, 1]),
+        "image_grid_thw": torch.tensor([[1, 2, 2]] * 4),
+        "images_per_sample": torch.tensor([1, 1, 1, 1]),
+    }
+    exp = SimpleNamespace(batch=batch)
+    whole, _ = experience_work(exp, shared=True)
+    assert whole["seq_tokens"] == 10 + 20 + 3 + 5 + 2 + 4 and whole["image_patches"] == 8
+    # prompt pairs P^2/2 once per prompt, response pairs R*P + R(R+1)/2 per sample
+    assert whole["attention_pairs"] == 50 + 200 + (30 + 6) + (50 + 15) + (40 + 3) + (80 + 10)
+    ones, _ = experience_work(exp, shared=True, micro_batches=[[0], [1], [2], [3]])
+    plain, _ = experience_work(exp, shared=False)
+    assert ones["seq_tokens"] == 10 + 10 + 20 + 20 + 14 == plain["seq_tokens"] and ones["image_patches"] == 16
+    pairs = sum(P * P / 2 + R * P + R * (R + 1) / 2 for P, R in [(10, 3), (10, 5), (20, 2), (20, 4)])
+    assert ones["attention_pairs"] == pairs and ones["logit_rows"] == whole["logit_rows"] == 14
+    twice, _ = experience_work(exp, shared=True, micro_batches=[[0, 1, 2, 3], [0, 1, 2, 3]])  # two epochs
+    assert twice["seq_tokens"] == 2 * whole["seq_tokens"] and twice["logit_rows"] == 28
