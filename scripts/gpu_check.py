@@ -358,6 +358,7 @@ def summarise(args, config, counts, bw: float, peak: float, probe: Probe, metric
             "inference_copy": args.inference_copy,
             "compile": args.compile,
             "micro_batch_tokens": args.micro_batch_tokens,
+            "sleep_level": args.sleep_level,
             "reward_model": args.reward_model,
             "prompts": args.prompts,
             "samples_per_prompt": args.samples,
@@ -402,6 +403,7 @@ def main(argv: list[str] | None = None) -> dict | None:
     p.add_argument("--inference-copy", choices=("auto", "on", "off"), default="auto", help="rollout.hf.inference_copy")
     p.add_argument("--compile", choices=("auto", "on", "off"), default="auto", help="rollout.hf.compile")
     p.add_argument("--micro-batch-tokens", type=int, default=0, help="train.micro_batch_tokens (0: by sample count)")
+    p.add_argument("--sleep-level", type=int, default=1, choices=(0, 1, 2), help="rollout.hf.sleep_level")
     p.add_argument("--json-dir", type=Path, help="write NAME.json here after every step (a cut run keeps its steps)")
     p.add_argument("--name", default="", help="this configuration's name (default: from its options)")
     p.add_argument("--reward-model", action="store_true", help="a scalar RM of the same shape in the pool")
@@ -465,6 +467,7 @@ def main(argv: list[str] | None = None) -> dict | None:
         f"strategy.mixed_precision={args.mixed_precision}",
         f"rollout.hf.inference_copy={args.inference_copy}",
         f"rollout.hf.compile={args.compile}",
+        f"rollout.hf.sleep_level={args.sleep_level}",
         f"train.micro_batch_tokens={args.micro_batch_tokens}",
         f"strategy.gradient_checkpointing={str(args.gradient_checkpointing).lower()}",
         f"strategy.cpu_offload={str(args.cpu_offload).lower()}",

@@ -10,6 +10,8 @@ so the same command continues a cut sweep. Configurations (each adds one item to
     tokens      + item 3: micro-batches by a token budget (--budget tokens)
     fp32        item 3 without item 4: fp32 compute (mixed_precision no), to show what bf16 buys
     ckpt        item 3 with gradient checkpointing (the memory it saves)
+    keep        item 3 with the copy kept on the GPU during the update (rollout.hf.sleep_level=0)
+    drop        item 3 with the copy's weights dropped during the update (rollout.hf.sleep_level=2)
     7b          the 7B shape, bf16 parameters and AdamW state, checkpointing, items 1-3, --steps steps
 
     python scripts/gpu_sweep.py --model-dir /tmp/m3b --json-dir gpu27 [--only before,copy] [--steps 3]
@@ -34,6 +36,8 @@ ITEMS = {
 ITEMS["tokens"] = ITEMS["compiled"][:-4] + ["--micro-train-batch", "16", "--mixed-precision", "bf16"]
 ITEMS["fp32"] = ITEMS["tokens"][:-2] + ["--mixed-precision", "no"]
 ITEMS["ckpt"] = ITEMS["tokens"] + ["--gradient-checkpointing"]
+ITEMS["keep"] = ITEMS["tokens"] + ["--sleep-level", "0"]
+ITEMS["drop"] = ITEMS["tokens"] + ["--sleep-level", "2"]
 
 
 def main() -> None:
@@ -50,7 +54,7 @@ def main() -> None:
     a = p.parse_args()
     configs = {k: [*v, "--shape", a.shape, "--model-dir", str(a.model_dir)] for k, v in ITEMS.items()}
     budget = ["--micro-batch-tokens", str(a.budget)]
-    for k in ("tokens", "fp32", "ckpt"):
+    for k in ("tokens", "fp32", "ckpt", "keep", "drop"):
         configs[k] += budget
     big = a.model_dir_7b or Path(f"{a.model_dir}-7b")
     configs["7b"] = [*ITEMS["tokens"], *budget, "--shape", "7b", "--model-dir", str(big)]

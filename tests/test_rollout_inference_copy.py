@@ -94,3 +94,56 @@ def test_a_bfloat16_copy_holds_the_policy_rounded_and_samples_its_distribution(t
     # tiny layers the logits (|z| ~ 1) move by a few 1e-3 and a log-prob by about twice that; 0.1 leaves room for
     # many such roundings adding up and is still far below a stale copy's effect (two AdamW steps move it by > 0.5)
     assert_within(gap, 0.1, "bf16 copy vs float32 policy: log-probs of the copy's samples")
+
+
+def test_sleep_level_2_drops_the_copy_and_the_stream_restores_every_weight(tiny_model):
+    """``rollout.hf.sleep_level=2``: sleep frees the copy's weights (on any device), wake makes room, and the weight
+    stream, which then carries frozen parameters too (a frozen vision tower here), writes every one back: after two
+    AdamW steps the copy holds the policy's weights bit for bit and samples its greedy tokens. A stream that leaves
+    one out is an error, never a copy that generates from unwritten memory."""
+    strategy = make_strategy(StrategyConfig(name="single", grad_clip=0), OptimConfig(lr=5e-3))
+    model, processor = load_model(tiny_model("qwen2_5_vl"), "float32")
+    frozen = [n for n, p in model.named_parameters() if n.startswith("model.visual.")]
+    assert frozen
+    for n, p in model.named_parameters():
+        p.requires_grad_(n not in frozen)
+    strategy.prepare(model, total_steps=2)
+    hf = HFEngineConfig(inference_copy="on", sleep_level=2)
+    engine = make_engine("hf", model, processor, hf=hf)
+    assert engine.needs_all_params and not make_engine("hf", model, processor, hf=HFEngineConfig()).needs_all_params
+    prompts = make_prompts(processor, "one_image", seed=3)
+    torch.manual_seed(11)
+    rollouts = engine.generate(prompts, SamplingParams(n=2, temperature=1.0, max_new_tokens=8))
+    engine.sleep()
+    assert sum(p.numel() for p in engine.copy.parameters()) == 0  # every weight dropped
+    model.train()
+    raise_likelihood(strategy, processor, prompts, rollouts)  # two AdamW steps: the policy moves
+    model.eval()
+    engine.wake()
+    engine.update_weights(strategy.full_params(trainable_only=not engine.needs_all_params))
+    policy = dict(model.named_parameters())
+    assert all(torch.equal(p, policy[k]) for k, p in engine.copy.named_parameters())
+    greedy = SamplingParams(n=1, temperature=0.0, max_new_tokens=8)
+    plain = make_engine("hf", model, processor)
+    tokens = [r.response_ids.tolist() for r in engine.generate(prompts, greedy)]
+    assert tokens == [r.response_ids.tolist() for r in plain.generate(prompts, greedy)]
+    assert sum(map(len, tokens)) >= 4 * len(prompts)
+
+    engine.sleep()
+    engine.wake()
+    with pytest.raises(RuntimeError, match=r"sleep_level=2 dropped \d+ weights the weight stream did not re-send"):
+        engine.update_weights(strategy.full_params(trainable_only=True))  # the frozen tower left out
+
+
+def test_sleep_levels_0_and_1_leave_a_cpu_copy_in_place(tiny_model):
+    """On a CPU there is nowhere to move the copy to: levels 0 and 1 keep its weights where they are."""
+    model, processor = load_model(tiny_model("qwen2_5_vl"), "float32")
+    for level in (0, 1):
+        engine = make_engine("hf", model, processor, hf=HFEngineConfig(inference_copy="on", sleep_level=level))
+        before = {k: (p.data_ptr(), p.clone()) for k, p in engine.copy.named_parameters()}
+        engine.sleep()
+        engine.wake()
+        assert not engine.needs_all_params
+        assert all(
+            p.data_ptr() == before[k][0] and torch.equal(p, before[k][1]) for k, p in engine.copy.named_parameters()
+        )

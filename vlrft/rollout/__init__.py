@@ -53,6 +53,7 @@ def make_engine(
             micro_batch_size=micro_batch_size,
             copy_dtype=copy_dtype,
             static_cache=static,
+            sleep_level=hf.sleep_level if hf is not None else 1,
         )
     if name == "vllm":
         dtype = next(model.parameters()).dtype

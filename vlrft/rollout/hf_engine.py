@@ -12,9 +12,10 @@ prompts repeated n times instead.
 
 The inference copy (``rollout.hf.inference_copy``): a plain, unwrapped model loaded from the policy's
 folder in the rollout dtype (bf16 on CUDA), refreshed after each update from ``Strategy.full_params()``
-(the stream the vllm engine reads) and offloaded to CPU memory while the policy trains (``sleep``). It
-generates instead of the training module: no FSDP2 / ZeRO-3 gather and no fp32 -> bf16 cast per decode
-step, no lockstep between ranks (each rank holds a whole copy), prefill once per prompt everywhere.
+(the stream the vllm engine reads) and freed while the policy trains (``sleep``: moved to CPU memory, kept or
+dropped, as ``rollout.hf.sleep_level`` says). It generates instead of the training module: no FSDP2 / ZeRO-3
+gather and no fp32 -> bf16 cast per decode step, no lockstep between ranks (each rank holds a whole copy),
+prefill once per prompt everywhere.
 
 Compiled decode (``rollout.hf.compile``, CUDA with the copy by default): the prefill's cache is copied into a
 :class:`StaticCache` of a bucketed length, on which ``generate`` compiles the decode step (torch.compile,
@@ -51,7 +52,8 @@ class HFEngineConfig:
     inference_copy: str = option(
         "auto",
         "generate with a plain copy of the policy in the rollout dtype, refreshed from the weight stream after each "
-        "update and offloaded to CPU during it (no parameter gather per decode step, no lockstep between ranks); "
+        "update and freed during it as sleep_level says (no parameter gather per decode step, no lockstep between "
+        "ranks); "
         "auto: on with CUDA or a strategy that shards parameters, off on one CPU process (where it only costs memory)",
         choices=("auto", "on", "off"),
     )
@@ -59,6 +61,13 @@ class HFEngineConfig:
         "auto",
         "the copy's dtype (auto: bfloat16 on CUDA, the policy's on CPU)",
         choices=("auto", "float32", "bfloat16"),
+    )
+    sleep_level: int = option(
+        1,
+        "the inference copy while the policy trains: 0 keep it on the GPU (no transfer, it holds its memory through "
+        "the update), 1 move it to CPU memory and back (on a GPU; measured about 4 s a step at 3B on an H200), 2 drop "
+        "its weights (any device; the weight stream then re-sends every parameter after the update, frozen ones too)",
+        choices=(0, 1, 2),
     )
     compile: str = option(
         "auto",
@@ -86,9 +95,6 @@ class HFEngineConfig:
 
 
 class HFRolloutEngine:
-    # the copy keeps parameters that do not train (a frozen tower) from its load; without a copy no stream is read
-    needs_all_params = False
-
     def __init__(
         self,
         model: torch.nn.Module,
@@ -98,11 +104,16 @@ class HFRolloutEngine:
         micro_batch_size: int = 16,
         copy_dtype: torch.dtype | None = None,
         static_cache: bool = False,
+        sleep_level: int = 1,
     ):
         """``model``: the policy (it generates, unless ``copy_dtype`` asks for an inference copy of that dtype).
-        ``static_cache``: decode with a static KV cache (unsharded only), which ``generate`` compiles on CUDA."""
+        ``static_cache``: decode with a static KV cache (unsharded only), which ``generate`` compiles on CUDA.
+        ``sleep_level``: what :meth:`sleep` does with the copy (``HFEngineConfig.sleep_level``)."""
         self.copy = _inference_copy(model, copy_dtype) if copy_dtype is not None else None
         self.params = dict(self.copy.named_parameters()) if self.copy is not None else {}
+        self.sleep_level = sleep_level
+        self._dropped: dict[str, torch.Size] = {}  # the copy's weights sleep dropped (sleep_level 2)
+        self._unfilled: set[str] = set()  # woken, not yet re-sent by the weight stream
         self.device = next(model.parameters()).device if self.copy is None else _copy_device()
         self.model = self.copy if self.copy is not None else model  # the module that generates
         synced = synced and self.copy is None  # a whole copy on every rank needs no lockstep
@@ -122,6 +133,12 @@ class HFRolloutEngine:
         self.suppress = vision_token_ids(self.tokenizer)
         self.merge_area = getattr(getattr(processor, "image_processor", None), "merge_size", 2) ** 2
 
+    @property
+    def needs_all_params(self) -> bool:
+        """Whether the weight stream must carry frozen parameters too: only when sleep drops the copy's weights (the
+        copy keeps frozen ones, a frozen vision tower say, from its load; without a copy no stream is read)."""
+        return self.copy is not None and self.sleep_level == 2
+
     def update_weights(self, named_params: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy the stream into the inference copy (cast to its dtype). Without a copy the engine generates with
         the training module, which already has the weights: the stream is not read, nothing is gathered."""
@@ -133,15 +150,37 @@ class HFRolloutEngine:
                 if target is None:
                     raise KeyError(f"hf inference copy: the weight stream names {name!r}, which the copy lacks")
                 target.copy_(tensor)
+                self._unfilled.discard(name)
+        if self._unfilled:  # never generate from memory sleep dropped and nothing wrote
+            missing = sorted(self._unfilled)
+            raise RuntimeError(
+                f"hf inference copy: rollout.hf.sleep_level=2 dropped {len(missing)} weights the weight stream did not "
+                f"re-send ({', '.join(missing[:3])}, ...); the stream must carry every parameter (needs_all_params)"
+            )
 
     def sleep(self) -> None:
-        """Offload the copy to CPU memory while the policy trains (nothing to do on CPU or without a copy)."""
-        if self.copy is not None and self.device.type != "cpu":
+        """Free the copy's memory while the policy trains (``sleep_level``): 1 moves it to CPU memory (on a GPU),
+        2 drops its weights on any device (:meth:`update_weights` writes them all after :meth:`wake`)."""
+        if self.copy is None:
+            return
+        if self.sleep_level == 2 and not self._dropped:
+            for name, p in self.params.items():
+                self._dropped[name] = p.shape
+                p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+        elif self.sleep_level == 1 and self.device.type != "cpu":
             self.copy.to("cpu")
+        if self.sleep_level and self.device.type == "cuda":
             torch.cuda.empty_cache()
 
     def wake(self) -> None:
-        if self.copy is not None and self.device.type != "cpu":
+        if self.copy is None:
+            return
+        if self._dropped:  # room for the weights the stream is about to write
+            for name, shape in self._dropped.items():
+                p = self.params[name]
+                p.data = torch.empty(shape, dtype=p.dtype, device=self.device)
+            self._unfilled, self._dropped = set(self._dropped), {}
+        elif self.sleep_level == 1 and self.device.type != "cpu":
             self.copy.to(self.device)
 
     def _inputs(self, batch: dict[str, torch.Tensor], n: int, device, new_tokens: int) -> dict[str, torch.Tensor]:
