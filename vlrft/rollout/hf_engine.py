@@ -155,7 +155,8 @@ class HFRolloutEngine:
             missing = sorted(self._unfilled)
             raise RuntimeError(
                 f"hf inference copy: rollout.hf.sleep_level=2 dropped {len(missing)} weights the weight stream did not "
-                f"re-send ({', '.join(missing[:3])}, ...); the stream must carry every parameter (needs_all_params)"
+                f"re-send ({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}); the stream must carry every "
+                "parameter (needs_all_params)"
             )
 
     def sleep(self) -> None:
