@@ -264,6 +264,9 @@ class Probe:
 
         self.wrap(PolicyTrainer, "train_on", "update", after=after_update)
         self.wrap(PolicyTrainer, "_sync_engine", "weight_sync")
+        # the engine's sleep (before the update, outside the trainer's phases) and wake (the start of weight_sync)
+        self.wrap(HFRolloutEngine, "sleep", "engine_sleep")
+        self.wrap(HFRolloutEngine, "wake", "engine_wake")
 
         # a step ends when the trainer returns its metrics: file the step's records (and write the JSON so far)
         original_step = PolicyTrainer.step
@@ -311,6 +314,7 @@ def summarise(args, config, counts, bw: float, peak: float, probe: Probe, metric
             {
                 "step": i + 1,
                 "time_s": {k.removeprefix("time/"): round(v, 3) for k, v in m.items() if k.startswith("time/")},
+                "engine_s": {k: round(ph[f"engine_{k}"]["s"], 3) for k in ("sleep", "wake") if f"engine_{k}" in ph},
                 "rollout_tokens_per_s": round(gen.get("generated_tokens", 0) / m["time/rollout"], 1)
                 if m.get("time/rollout")
                 else None,

@@ -28,6 +28,7 @@ def test_gpu_check_smoke_writes_its_json_and_no_checkpoint(tmp_path):
         assert step["samples"] == 8 and step["update_response_tokens"] > 0
         # tokens/s is rows per decode step over the step's time (the step's ms are rounded to 0.01: within 1 %)
         assert abs(decode["measured_tokens_per_s"] * decode["measured_ms_per_step"] / 1e3 - 8) < 0.08
+        assert set(step["engine_s"]) == {"sleep", "wake"} and min(step["engine_s"].values()) >= 0
         # token budget 4096: one micro-batch holds both groups, each prompt computed once
         assert step["update_micro_batches"] == 1
     assert not (out / "checkpoints").exists()  # neither a step's checkpoint nor the run's last
