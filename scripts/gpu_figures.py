@@ -178,8 +178,10 @@ def experience_work(
     prompts = [plen[i] for i in groups.values()]
     index = b["prompt_index"].tolist()
     pairs = seq_tokens = 0.0
+    logit_rows = 0
     update_grids = []
     for mb in micro_batches if micro_batches is not None else [list(range(len(plen)))]:
+        logit_rows += sum(rlen[i] for i in mb)
         if shared:  # each prompt of the micro-batch once, then its responses
             firsts = list({index[i]: i for i in reversed(mb)}.values())
             pairs += sum(plen[i] * plen[i] / 2 for i in firsts) + sum(
@@ -191,7 +193,6 @@ def experience_work(
             pairs += sum((plen[i] + rlen[i]) ** 2 / 2 for i in mb)
             seq_tokens += sum(plen[i] + rlen[i] for i in mb)
             update_grids += [g for i in mb for g in sample_grids[i]]
-    logit_rows = sum(rlen[i] for mb in micro_batches for i in mb) if micro_batches is not None else sum(rlen)
     update = {
         "seq_tokens": seq_tokens,
         "attention_pairs": pairs,
