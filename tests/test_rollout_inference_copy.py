@@ -147,3 +147,73 @@ def test_sleep_levels_0_and_1_leave_a_cpu_copy_in_place(tiny_model):
         assert all(
             p.data_ptr() == before[k][0] and torch.equal(p, before[k][1]) for k, p in engine.copy.named_parameters()
         )
+
+
+def test_the_host_buffer_of_sleep_level_1_holds_every_weight_once_and_is_reused(tiny_model):
+    """``sleep_level=1`` on a GPU keeps the copy's weights in one CPU buffer (page-locked there), made at the first
+    sleep and reused: here on CPU, unpinned, with weights of two dtypes (a bfloat16 vision tower) so each view's
+    alignment matters. Offload points every weight into the buffer, restore gives each its own memory again, bit
+    for bit, and a later offload writes the weights' new values into the same buffer."""
+    from vlrft.rollout.hf_engine import _HostCopy
+
+    model, _ = load_model(tiny_model("qwen2_5_vl"), "float32")
+    model.model.visual.to(torch.bfloat16)
+    params = dict(model.named_parameters())
+    assert {p.dtype for p in params.values()} == {torch.float32, torch.bfloat16}
+    values = {k: p.detach().clone() for k, p in params.items()}
+    host = _HostCopy(params, pin=False)
+    weight_bytes = sum(p.numel() * p.element_size() for p in params.values())
+    assert weight_bytes <= host.flat.numel() < weight_bytes + _HostCopy.ALIGN * len(params)
+    assert not host.holds(params)
+    host.offload(params)
+    assert host.holds(params) and all(torch.equal(p, values[k]) for k, p in params.items())
+    assert all(p.data_ptr() % _HostCopy.ALIGN == 0 for p in params.values())
+    host.restore(params, torch.device("cpu"))
+    assert not host.holds(params)
+    start, end = host.flat.data_ptr(), host.flat.data_ptr() + host.flat.numel()
+    assert all(not start <= p.data_ptr() < end for p in params.values())  # their own memory again
+    assert all(torch.equal(p, values[k]) and p.dtype == values[k].dtype for k, p in params.items())
+    with torch.no_grad():
+        for p in params.values():
+            p.add_(1)
+    buffer = host.flat.data_ptr()
+    host.offload(params)
+    assert host.flat.data_ptr() == buffer
+    assert all(torch.equal(host.views[k], values[k] + 1) for k in params)
+
+
+def test_generating_between_a_level_2_wake_and_the_weight_stream_is_an_error(tiny_model):
+    """After ``sleep_level=2`` the woken copy's memory is unwritten until ``update_weights``: generating from it
+    would sample from garbage, so it raises instead."""
+    model, processor = load_model(tiny_model("qwen2_5_vl"), "float32")
+    engine = make_engine("hf", model, processor, hf=HFEngineConfig(inference_copy="on", sleep_level=2))
+    prompts = make_prompts(processor, "one_image", seed=3)
+    engine.sleep()
+    greedy = SamplingParams(n=1, temperature=0.0, max_new_tokens=4)
+    with pytest.raises(RuntimeError, match=r"generate after rollout.hf.sleep_level=2 dropped \d+ weights"):
+        engine.generate(prompts, greedy)
+    engine.update_weights(model.named_parameters())
+    plain = make_engine("hf", model, processor)
+    tokens = [r.response_ids.tolist() for r in engine.generate(prompts, greedy)]
+    assert tokens == [r.response_ids.tolist() for r in plain.generate(prompts, greedy)]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="sleep_level=1 moves the copy off a GPU (a no-op on CPU)")
+def test_sleep_level_1_frees_the_gpu_copy_into_pinned_memory_and_wakes_it_bit_for_bit(tiny_model):
+    model, processor = load_model(tiny_model("qwen2_5_vl"), "float32", device="cuda")
+    engine = make_engine("hf", model, processor, hf=HFEngineConfig(inference_copy="on", sleep_level=1))
+    prompts = make_prompts(processor, "one_image", seed=3)
+    greedy = SamplingParams(n=1, temperature=0.0, max_new_tokens=8)
+    tokens = [r.response_ids.tolist() for r in engine.generate(prompts, greedy)]
+    values = {k: p.detach().clone() for k, p in engine.copy.named_parameters()}
+    copy_bytes = sum(p.numel() * p.element_size() for p in engine.copy.parameters())
+    for _ in range(2):  # the second sleep reuses the first one's buffer
+        allocated = torch.cuda.memory_allocated()
+        engine.sleep()
+        assert allocated - torch.cuda.memory_allocated() >= copy_bytes  # the copy's GPU memory is free
+        assert engine._host.flat.is_pinned() and all(p.device.type == "cpu" for p in engine.copy.parameters())
+        buffer = engine._host.flat.data_ptr()
+        engine.wake()
+        assert all(p.device.type == "cuda" and torch.equal(p, values[k]) for k, p in engine.copy.named_parameters())
+    assert engine._host.flat.data_ptr() == buffer
+    assert [r.response_ids.tolist() for r in engine.generate(prompts, greedy)] == tokens
