@@ -19,6 +19,10 @@ One configuration per process. FSDP2 and DeepSpeed initialise torch.distributed,
     torchrun --nproc_per_node=1 scripts/gpu_check.py --shape 3b --model-dir /tmp/m3b \\
         --strategy deepspeed --gradient-checkpointing --json results.jsonl
 
+``--profile-step K`` runs step K's rollout and update under ``torch.profiler`` and writes, in that step's
+``profile``, what bounds each: the kernels' busy time against the wall time, the kernel launches and the top
+kernels and CPU operators (its times then include the profiler's overhead; profile the last of ``--steps``).
+
 Checkpoints and the final export are skipped unless ``--save`` (they measure the disk, not the GPU, and a
 3B checkpoint with fp32 AdamW state is about 45 GB).
 """
@@ -30,6 +34,7 @@ import json
 import os
 import sys
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -42,6 +47,8 @@ from gpu_figures import (  # noqa: E402
     experience_work,
     param_counts,
     peak_tflops,
+    profile_summary,
+    profiler_activities,
     rollout_flops,
     update_flops,
 )
@@ -157,6 +164,8 @@ class Probe:
         self.metrics: list[dict] = []  # the trainer's metrics of each step (time/step measured around it)
         self.current: dict = {}
         self.on_step = None  # called after each step
+        self.profile_step = 0  # the step (from 1) whose profile_phases run under torch.profiler (0: none)
+        self.profile_phases: tuple[str, ...] = ()
 
     def sync(self):
         if self.cuda:
@@ -171,12 +180,17 @@ class Probe:
             if probe.cuda:
                 torch.cuda.reset_peak_memory_stats()
             before = torch.cuda.memory_allocated() if probe.cuda else 0
-            t0 = time.perf_counter()
-            result = original(*args, **kwargs)
-            probe.sync()
+            profiling = phase in probe.profile_phases and len(probe.steps) + 1 == probe.profile_step
+            with torch.profiler.profile(activities=profiler_activities()) if profiling else nullcontext() as prof:
+                t0 = time.perf_counter()
+                result = original(*args, **kwargs)
+                probe.sync()
+                elapsed = time.perf_counter() - t0
             rec = probe.current.setdefault(phase, {"s": 0.0, "peak_gib": 0.0, "calls": 0})
-            rec["s"] += time.perf_counter() - t0
+            rec["s"] += elapsed
             rec["calls"] += 1
+            if profiling:
+                rec.setdefault("profile", []).append(profile_summary(prof.key_averages(), elapsed))
             if probe.cuda:
                 rec["peak_gib"] = max(rec["peak_gib"], torch.cuda.max_memory_allocated() / 2**30)
                 rec["allocated_before_gib"] = before / 2**30
@@ -326,6 +340,7 @@ def summarise(args, config, counts, bw: float, peak: float, probe: Probe, metric
                 "rollout_tflops_per_s": round(roll.get("total", 0) / t_rollout / 1e12, 2),
                 "rollout_mfu": round(roll.get("total", 0) / t_rollout / (peak * 1e12), 4) if peak == peak else None,
                 "rollout_flops_split": {k: f"{v:.3e}" for k, v in roll.items()},
+                "profile": {k: v["profile"] for k, v in ph.items() if "profile" in v},
                 "peak_gib": {k: round(v["peak_gib"], 2) for k, v in ph.items() if "peak_gib" in v},
                 "allocated_after_gib": {
                     k: round(v["allocated_after_gib"], 2) for k, v in ph.items() if "allocated_after_gib" in v
@@ -363,6 +378,7 @@ def summarise(args, config, counts, bw: float, peak: float, probe: Probe, metric
             "compile": args.compile,
             "micro_batch_tokens": args.micro_batch_tokens,
             "sleep_level": args.sleep_level,
+            "profile_step": args.profile_step,  # that step's times include the profiler's overhead
             "reward_model": args.reward_model,
             "prompts": args.prompts,
             "samples_per_prompt": args.samples,
@@ -419,6 +435,14 @@ def main(argv: list[str] | None = None) -> dict | None:
     p.add_argument("--micro-train-batch", type=int, default=4)
     p.add_argument("--peak-tflops", type=float, default=0.0, help="device bf16 dense peak (default: by name)")
     p.add_argument("--save", action="store_true", help="keep the end-of-run checkpoint and final export")
+    p.add_argument(
+        "--profile-step",
+        type=int,
+        default=0,
+        help="run this step's --profile-phases under torch.profiler (its times are then the profiler's, not the "
+        "plain run's) and write what bounds them in its JSON (profile: device busy fraction, top kernels, CPU ops)",
+    )
+    p.add_argument("--profile-phases", default="rollout,update", help="comma-separated phases to profile")
     p.add_argument("overrides", nargs="*", help="extra train-policy key=value overrides")
     args = p.parse_args(argv)
 
@@ -483,6 +507,7 @@ def main(argv: list[str] | None = None) -> dict | None:
     ]
     cfg = load_config(PolicyTrainConfig, None, overrides)
     probe = Probe()
+    probe.profile_step, probe.profile_phases = args.profile_step, tuple(filter(None, args.profile_phases.split(",")))
     probe.install(save=args.save)
     name = args.name or config_name(args)
     t0 = time.perf_counter()

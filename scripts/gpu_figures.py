@@ -233,3 +233,40 @@ def _best_rate(work, flops: float, threads: int, seconds: float) -> float:
         best = max(best, flops * count / (time.perf_counter() - t0))
     torch.set_num_threads(saved)
     return best
+
+
+def profiler_activities() -> list:
+    """What ``torch.profiler`` records here: CPU operators, and the device's kernels where there is a GPU."""
+    acts = [torch.profiler.ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        acts.append(torch.profiler.ProfilerActivity.CUDA)
+    return acts
+
+
+def profile_summary(events, wall_s: float, top: int = 12) -> dict:
+    """What bounds a profiled phase, from ``prof.key_averages()``: the kernels' device time against the phase's wall
+    time (a decode whose device is busy a fifth of the time waits on the host, not on memory bandwidth), the kernel
+    launches, and the kernels and CPU operators that take the most time. Times in seconds (the profiler's are
+    microseconds); a kernel's time is its own (``self_device_time_total``), an operator's CPU time its own too."""
+    device = torch.autograd.DeviceType.CPU
+
+    def is_kernel(e) -> bool:  # a device event, not a user range (record_function) shown on the device
+        return e.device_type != device and not getattr(e, "is_user_annotation", False)
+
+    kernels = [e for e in events if is_kernel(e)]
+    ops = [e for e in events if e.device_type == device and not getattr(e, "is_user_annotation", False)]
+    busy = sum(e.self_device_time_total for e in kernels) / 1e6
+
+    def rows(evts, key) -> list[dict]:
+        chosen = sorted(evts, key=key, reverse=True)[:top]
+        return [{"name": e.key[:120], "calls": e.count, "s": round(key(e) / 1e6, 4)} for e in chosen if key(e) > 0]
+
+    return {
+        "wall_s": round(wall_s, 4),
+        "device_busy_s": round(busy, 4),
+        "device_busy_fraction": round(busy / wall_s, 4) if kernels and wall_s > 0 else None,
+        "kernel_launches": sum(e.count for e in kernels),
+        "cpu_self_s": round(sum(e.self_cpu_time_total for e in ops) / 1e6, 4),
+        "top_kernels": rows(kernels, lambda e: e.self_device_time_total),
+        "top_cpu_ops": rows(ops, lambda e: e.self_cpu_time_total),
+    }

@@ -51,6 +51,7 @@ def main() -> None:
     p.add_argument("--budget", type=int, default=16384, help="train.micro_batch_tokens of the token-budget runs")
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--image-tokens", type=int, default=1024)
+    p.add_argument("--profile-step", type=int, default=0, help="gpu_check.py --profile-step (0: no profile)")
     a = p.parse_args()
     configs = {k: [*v, "--shape", a.shape, "--model-dir", str(a.model_dir)] for k, v in ITEMS.items()}
     budget = ["--micro-batch-tokens", str(a.budget)]
@@ -63,6 +64,7 @@ def main() -> None:
         del configs["7b"]
     names = [n for n in a.only.split(",") if n] or list(configs)
     common = ["--steps", str(a.steps), "--max-new-tokens", str(a.max_new_tokens), "--image-tokens", str(a.image_tokens)]
+    common += ["--profile-step", str(a.profile_step)]
     for name in names:
         done = a.json_dir / f"{name}.json"
         if done.is_file() and json.loads(done.read_text()).get("complete"):

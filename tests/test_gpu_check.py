@@ -17,6 +17,7 @@ def test_gpu_check_smoke_writes_its_json_and_no_checkpoint(tmp_path):
     args = ["--shape", "tiny", "--model-dir", str(tmp_path / "model"), "--steps", "2", "--prompts", "2"]
     args += ["--samples", "4", "--max-new-tokens", "6", "--image-tokens", "16", "--inference-copy", "on"]
     args += ["--micro-batch-tokens", "4096", "--json-dir", str(js), "--name", "smoke", "--out-dir", str(out)]
+    args += ["--profile-step", "2"]
     cmd = torchrun(str(REPO / "scripts" / "gpu_check.py"), *args, nproc=1)
     done = subprocess.run(cmd, env=subprocess_env(), capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -31,6 +32,13 @@ def test_gpu_check_smoke_writes_its_json_and_no_checkpoint(tmp_path):
         assert set(step["engine_s"]) == {"sleep", "wake"} and min(step["engine_s"].values()) >= 0
         # token budget 4096: one micro-batch holds both groups, each prompt computed once
         assert step["update_micro_batches"] == 1
+    # --profile-step 2: that step alone says what bounds its rollout and its update (on CPU: operators, no kernels)
+    assert result["config"]["profile_step"] == 2 and result["steps"][0]["profile"] == {}
+    profile = result["steps"][1]["profile"]
+    assert set(profile) == {"rollout", "update"}
+    for (phase,) in profile.values():
+        assert phase["kernel_launches"] == 0 and phase["device_busy_fraction"] is None and phase["top_kernels"] == []
+        assert 0 < phase["cpu_self_s"] and {"aten::mm", "aten::addmm"} & {op["name"] for op in phase["top_cpu_ops"]}
     assert not (out / "checkpoints").exists()  # neither a step's checkpoint nor the run's last
     assert (out / "metrics.jsonl").is_file()
 
@@ -66,3 +74,31 @@ def test_update_work_counts_each_prompt_once_per_micro_batch():
     assert ones["attention_pairs"] == pairs and ones["logit_rows"] == whole["logit_rows"] == 14
     twice, _ = experience_work(exp, shared=True, micro_batches=[[0, 1, 2, 3], [0, 1, 2, 3]])  # two epochs
     assert twice["seq_tokens"] == 2 * whole["seq_tokens"] and twice["logit_rows"] == 28
+
+
+def test_profile_summary_ranks_the_operators_a_phase_ran():
+    """``gpu_figures.profile_summary`` on a real profile: 5 products of 256^3 and 40 small additions; the products
+    lead the CPU operators, with their call counts, and their time is within the phase's wall time."""
+    import sys
+    import time
+
+    import torch
+
+    sys.path.insert(0, str(REPO / "scripts"))
+    from gpu_figures import profile_summary, profiler_activities
+
+    a, b, c = torch.randn(256, 256), torch.randn(256, 256), torch.randn(8)
+    with torch.profiler.profile(activities=profiler_activities()) as prof:
+        t0 = time.perf_counter()
+        for _ in range(5):
+            torch.mm(a, b)
+        for _ in range(40):
+            torch.add(c, c)
+        wall = time.perf_counter() - t0
+    summary = profile_summary(prof.key_averages(), wall, top=4)
+    ops = summary["top_cpu_ops"]
+    assert ops[0]["name"] == "aten::mm" and ops[0]["calls"] == 5 and len(ops) <= 4
+    assert {"name": "aten::add", "calls": 40} in [{k: op[k] for k in ("name", "calls")} for op in ops]
+    assert 0 < ops[0]["s"] <= summary["wall_s"] and summary["wall_s"] == round(wall, 4)
+    if not torch.cuda.is_available():
+        assert summary["kernel_launches"] == 0 and summary["device_busy_fraction"] is None
