@@ -149,13 +149,15 @@ def test_sleep_levels_0_and_1_leave_a_cpu_copy_in_place(tiny_model):
         )
 
 
-def test_the_host_buffer_of_sleep_level_1_holds_every_weight_once_and_is_reused(tiny_model):
-    """``sleep_level=1`` on a GPU keeps the copy's weights in one CPU buffer (page-locked there), made at the first
+def test_the_host_buffers_of_sleep_level_1_hold_every_weight_once_and_are_reused(tiny_model, monkeypatch):
+    """``sleep_level=1`` on a GPU keeps the copy's weights in CPU buffers (page-locked there), made at the first
     sleep and reused: here on CPU, unpinned, with weights of two dtypes (a bfloat16 vision tower) so each view's
-    alignment matters. Offload points every weight into the buffer, restore gives each its own memory again, bit
-    for bit, and a later offload writes the weights' new values into the same buffer."""
+    alignment matters, and buffers of 64 KiB so the copy spans many (the embedding, 256 KiB, gets one of its own).
+    Offload points every weight into the buffers, restore gives each its own memory again, bit for bit, and a later
+    offload writes the weights' new values into the same buffers."""
     from vlrft.rollout.hf_engine import _HostCopy
 
+    monkeypatch.setattr(_HostCopy, "CHUNK", 1 << 16)
     model, _ = load_model(tiny_model("qwen2_5_vl"), "float32")
     model.model.visual.to(torch.bfloat16)
     params = dict(model.named_parameters())
@@ -163,23 +165,43 @@ def test_the_host_buffer_of_sleep_level_1_holds_every_weight_once_and_is_reused(
     values = {k: p.detach().clone() for k, p in params.items()}
     host = _HostCopy(params, pin=False)
     weight_bytes = sum(p.numel() * p.element_size() for p in params.values())
-    assert weight_bytes <= host.flat.numel() < weight_bytes + _HostCopy.ALIGN * len(params)
+    held = sum(b.numel() for b in host.buffers)
+    assert len(host.buffers) > 2 and weight_bytes <= held < weight_bytes + _HostCopy.ALIGN * len(params)
+    big = [v.numel() * v.element_size() for v in values.values() if v.numel() * v.element_size() > 1 << 16]
+    # a weight over 64 KiB starts a buffer of its own power of two, which later weights may fill: one such per weight
+    over = sorted(b.numel() for b in host.buffers if b.numel() > 1 << 16)
+    caps = sorted(1 << (n - 1).bit_length() for n in big)
+    assert big and len(over) == len(big) and all(n <= cap for n, cap in zip(over, caps))
+    spans = sorted((v.data_ptr(), v.data_ptr() + v.numel() * v.element_size()) for v in host.views.values())
+    assert all(end <= start for (_, end), (start, _) in zip(spans, spans[1:]))  # no two weights share a byte
+    assert all(any(b.data_ptr() <= s and e <= b.data_ptr() + b.numel() for b in host.buffers) for s, e in spans)
     assert not host.holds(params)
     host.offload(params)
     assert host.holds(params) and all(torch.equal(p, values[k]) for k, p in params.items())
     assert all(p.data_ptr() % _HostCopy.ALIGN == 0 for p in params.values())
     host.restore(params, torch.device("cpu"))
     assert not host.holds(params)
-    start, end = host.flat.data_ptr(), host.flat.data_ptr() + host.flat.numel()
-    assert all(not start <= p.data_ptr() < end for p in params.values())  # their own memory again
+    assert all(not s <= p.data_ptr() < e for p in params.values() for s, e in spans)  # their own memory again
     assert all(torch.equal(p, values[k]) and p.dtype == values[k].dtype for k, p in params.items())
     with torch.no_grad():
         for p in params.values():
             p.add_(1)
-    buffer = host.flat.data_ptr()
+    buffers = [b.data_ptr() for b in host.buffers]
     host.offload(params)
-    assert host.flat.data_ptr() == buffer
+    assert [b.data_ptr() for b in host.buffers] == buffers
     assert all(torch.equal(host.views[k], values[k] + 1) for k in params)
+
+
+def test_host_layout_packs_weights_into_power_of_two_buffers():
+    """Hand-packed: buffers of 256 bytes, offsets of 64. 10 and 100 bytes share the first buffer (at 0 and 64), 200
+    does not fit its rest and starts the second, 300 is larger than a buffer and gets one of 512, which the last
+    byte shares. torch rounds each page-locked allocation up to a power of two: 256 + 256 + 512 bytes, against 1024
+    for one buffer of the 704 used (and 2**31 against 2**30 + 1 in general)."""
+    from vlrft.rollout.hf_engine import _host_layout
+
+    places, used = _host_layout([10, 100, 200, 300, 1], chunk=256, align=64)
+    assert places == [(0, 0), (0, 64), (1, 0), (2, 0), (2, 320)] and used == [192, 256, 384]
+    assert _host_layout([0, 64, 256], chunk=256, align=64) == ([(0, 0), (0, 0), (1, 0)], [64, 256])
 
 
 def test_generating_between_a_level_2_wake_and_the_weight_stream_is_an_error(tiny_model):
@@ -211,9 +233,11 @@ def test_sleep_level_1_frees_the_gpu_copy_into_pinned_memory_and_wakes_it_bit_fo
         allocated = torch.cuda.memory_allocated()
         engine.sleep()
         assert allocated - torch.cuda.memory_allocated() >= copy_bytes  # the copy's GPU memory is free
-        assert engine._host.flat.is_pinned() and all(p.device.type == "cpu" for p in engine.copy.parameters())
-        buffer = engine._host.flat.data_ptr()
+        assert all(b.is_pinned() for b in engine._host.buffers) and all(
+            p.device.type == "cpu" for p in engine.copy.parameters()
+        )
+        buffers = [b.data_ptr() for b in engine._host.buffers]
         engine.wake()
         assert all(p.device.type == "cuda" and torch.equal(p, values[k]) for k, p in engine.copy.named_parameters())
-    assert engine._host.flat.data_ptr() == buffer
+    assert [b.data_ptr() for b in engine._host.buffers] == buffers
     assert [r.response_ids.tolist() for r in engine.generate(prompts, greedy)] == tokens

@@ -65,7 +65,7 @@ class HFEngineConfig:
     sleep_level: int = option(
         1,
         "the inference copy while the policy trains: 0 keep it on the GPU (no transfer, it holds its memory through "
-        "the update), 1 move it to page-locked CPU memory and back (on a GPU; one buffer made at the first sleep), 2 "
+        "the update), 1 move it to page-locked CPU memory and back (on a GPU; buffers made at the first sleep), 2 "
         "drop its weights (any device; the weight stream then re-sends every parameter after the update, frozen ones "
         "too)",
         choices=(0, 1, 2),
@@ -341,44 +341,65 @@ def static_copy(cache, config, length: int) -> StaticCache:
 
 
 class _HostCopy:
-    """The inference copy's weights in CPU memory while it sleeps (``sleep_level`` 1 on a GPU): one buffer for all
-    of them, made at the first sleep and reused at every later one, page-locked on CUDA (``pin``), so each sleep
-    and wake is one DMA transfer per weight instead of ``Module.to``'s copies through fresh pageable memory
-    (measured 1.6-1.9 GB/s, about 4 s a step at 3B on an H200) and no host allocation after the first step. Each
-    weight's view starts at a multiple of 64 bytes (any dtype's alignment)."""
+    """The inference copy's weights in CPU memory while it sleeps (``sleep_level`` 1 on a GPU): buffers made at the
+    first sleep and reused at every later one, page-locked on CUDA (``pin``), so each sleep and wake is one DMA
+    transfer per weight instead of ``Module.to``'s copies through fresh pageable memory (measured 1.6-1.9 GB/s,
+    about 4 s a step at 3B on an H200) and no host allocation after the first step.
+
+    torch's page-locked allocator rounds every allocation up to a power of two, so one buffer for a whole copy could
+    take up to twice its size (a 9 GiB copy 16 GiB); the weights are packed into buffers of ``CHUNK`` bytes (one
+    of the next power of two for a weight larger than that) instead, which waste at most the tail each leaves
+    (:func:`_host_layout`). Each weight's view starts at a multiple of ``ALIGN`` bytes (any dtype's alignment)."""
 
     ALIGN = 64
+    CHUNK = 1 << 30
 
     def __init__(self, params: dict[str, torch.Tensor], pin: bool):
-        offsets, total = {}, 0
-        for name, p in params.items():
-            offsets[name] = total
-            total += -(-p.numel() * p.element_size() // self.ALIGN) * self.ALIGN
-        self.flat = torch.empty(total, dtype=torch.uint8, pin_memory=pin)
+        sizes = [p.numel() * p.element_size() for p in params.values()]
+        places, used = _host_layout(sizes, self.CHUNK, self.ALIGN)
+        self.buffers = [torch.empty(n, dtype=torch.uint8, pin_memory=pin) for n in used]
         self.views = {
-            name: self.flat[o : o + p.numel() * p.element_size()].view(p.dtype).view(p.shape)
-            for (name, p), o in zip(params.items(), offsets.values())
+            name: self.buffers[b][o : o + n].view(p.dtype).view(p.shape)
+            for (name, p), n, (b, o) in zip(params.items(), sizes, places)
         }
 
     def holds(self, params: dict[str, torch.Tensor]) -> bool:
-        """Whether the weights live in this buffer (asleep)."""
+        """Whether the weights live in these buffers (asleep)."""
         return all(p.data_ptr() == self.views[name].data_ptr() for name, p in params.items())
 
     def offload(self, params: dict[str, torch.Tensor]) -> None:
-        """Copy every weight into the buffer and point the parameter at it: its device memory is free once the
-        caller empties the cache."""
+        """Copy every weight into the buffers and point the parameter at its view: its device memory is free once
+        the caller empties the cache."""
         for name, p in params.items():
             self.views[name].copy_(p.data, non_blocking=True)
-        if self.flat.is_pinned():
+        if self.buffers and self.buffers[0].is_pinned():
             torch.cuda.current_stream().synchronize()  # the transfers are done before the device memory is reused
         for name, p in params.items():
             p.data = self.views[name]
 
     def restore(self, params: dict[str, torch.Tensor], device: torch.device) -> None:
-        """Back on ``device``, in new memory (the next :meth:`offload` writes the buffer after these transfers on
+        """Back on ``device``, in new memory (the next :meth:`offload` writes the buffers after these transfers on
         the same stream)."""
         for name, p in params.items():
             p.data = torch.empty_like(p.data, device=device).copy_(self.views[name], non_blocking=True)
+
+
+def _host_layout(sizes: list[int], chunk: int, align: int) -> tuple[list[tuple[int, int]], list[int]]:
+    """Pack weights of ``sizes`` bytes, in order, into buffers: returns each weight's (buffer, byte offset) and each
+    buffer's used bytes. A buffer holds ``chunk`` bytes (a power of two), or the next power of two of a weight larger
+    than that; a weight that does not fit in the rest of the current buffer starts a new one; offsets are multiples
+    of ``align``."""
+    places: list[tuple[int, int]] = []
+    used: list[int] = []
+    capacity = 0
+    for n in sizes:
+        size = -(-n // align) * align
+        if not used or used[-1] + size > capacity:
+            capacity = max(chunk, 1 << max(size - 1, 0).bit_length())
+            used.append(0)
+        places.append((len(used) - 1, used[-1]))
+        used[-1] += size
+    return places, used
 
 
 def _copy_device() -> torch.device:
