@@ -306,6 +306,12 @@ class Probe:
 
 
 # ----------------------------------------------------------------------------------------------- figures
+def compile_counters() -> dict:
+    from torch._dynamo.utils import counters
+
+    return counters
+
+
 def summarise(args, config, counts, bw: float, peak: float, probe: Probe, metrics: list[dict]) -> dict:
     text = config.get_text_config()
     kv_bytes_per_token = (
@@ -397,6 +403,9 @@ def summarise(args, config, counts, bw: float, peak: float, probe: Probe, metric
         "max_memory_allocated_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2)
         if torch.cuda.is_available()
         else None,
+        # torch.compile's own record (cumulative): graph breaks, recompilations, CUDA graph skips (``inductor``:
+        # ``cudagraph_skips``): whether the compiled decode ran as captured graphs; empty where nothing compiled
+        "compile_counters": {k: {str(n): c for n, c in v.items()} for k, v in compile_counters().items() if v},
         "steps": steps,
     }
 
@@ -506,6 +515,10 @@ def main(argv: list[str] | None = None) -> dict | None:
         *args.overrides,
     ]
     cfg = load_config(PolicyTrainConfig, None, overrides)
+    if args.compile != "off" and torch.cuda.is_available():
+        # the reasons behind the counters, in the run's log: why a graph broke or recompiled, why CUDA graphs were
+        # skipped (torch's artifact logs, off by default)
+        torch._logging.set_logs(graph_breaks=True, recompiles=True, perf_hints=True)
     probe = Probe()
     probe.profile_step, probe.profile_phases = args.profile_step, tuple(filter(None, args.profile_phases.split(",")))
     probe.install(save=args.save)

@@ -34,6 +34,7 @@ def test_gpu_check_smoke_writes_its_json_and_no_checkpoint(tmp_path):
         assert step["update_micro_batches"] == 1
     # --profile-step 2: that step alone says what bounds its rollout and its update (on CPU: operators, no kernels)
     assert result["config"]["profile_step"] == 2 and result["steps"][0]["profile"] == {}
+    assert isinstance(result["compile_counters"], dict)  # torch.compile's record: nothing compiles on CPU
     profile = result["steps"][1]["profile"]
     assert set(profile) == {"rollout", "update"}
     for (phase,) in profile.values():
