@@ -282,6 +282,23 @@ class Probe:
         self.wrap(HFRolloutEngine, "sleep", "engine_sleep")
         self.wrap(HFRolloutEngine, "wake", "engine_wake")
 
+        # CUDA graphs recorded (torch.compile's cudagraph trees, a private API: counted where it exists): a recording
+        # after the first step means the decode step's graph is recorded again, e.g. because its weights or its KV
+        # cache moved to new addresses (rollout.hf.sleep_level 1 and 2 give the copy's weights new memory each wake)
+        try:
+            from torch._inductor.cudagraph_trees import CUDAGraphTreeManager
+        except ImportError:
+            CUDAGraphTreeManager = None
+        if CUDAGraphTreeManager is not None and hasattr(CUDAGraphTreeManager, "record_function"):
+            original_record = CUDAGraphTreeManager.record_function
+
+            def record_function(manager, *args, **kwargs):
+                rec = probe.current.setdefault("cudagraphs", {"recorded": 0})
+                rec["recorded"] += 1
+                return original_record(manager, *args, **kwargs)
+
+            CUDAGraphTreeManager.record_function = record_function
+
         # a step ends when the trainer returns its metrics: file the step's records (and write the JSON so far)
         original_step = PolicyTrainer.step
 
@@ -347,6 +364,7 @@ def summarise(args, config, counts, bw: float, peak: float, probe: Probe, metric
                 "rollout_mfu": round(roll.get("total", 0) / t_rollout / (peak * 1e12), 4) if peak == peak else None,
                 "rollout_flops_split": {k: f"{v:.3e}" for k, v in roll.items()},
                 "profile": {k: v["profile"] for k, v in ph.items() if "profile" in v},
+                "cudagraphs_recorded": ph.get("cudagraphs", {}).get("recorded", 0),
                 "peak_gib": {k: round(v["peak_gib"], 2) for k, v in ph.items() if "peak_gib" in v},
                 "allocated_after_gib": {
                     k: round(v["allocated_after_gib"], 2) for k, v in ph.items() if "allocated_after_gib" in v

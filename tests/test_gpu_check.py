@@ -35,6 +35,7 @@ def test_gpu_check_smoke_writes_its_json_and_no_checkpoint(tmp_path):
     # --profile-step 2: that step alone says what bounds its rollout and its update (on CPU: operators, no kernels)
     assert result["config"]["profile_step"] == 2 and result["steps"][0]["profile"] == {}
     assert isinstance(result["compile_counters"], dict)  # torch.compile's record: nothing compiles on CPU
+    assert [s["cudagraphs_recorded"] for s in result["steps"]] == [0, 0]  # nor records CUDA graphs
     profile = result["steps"][1]["profile"]
     assert set(profile) == {"rollout", "update"}
     for (phase,) in profile.values():
