@@ -166,6 +166,7 @@ class Probe:
         self.on_step = None  # called after each step
         self.profile_step = 0  # the step (from 1) whose profile_phases run under torch.profiler (0: none)
         self.profile_phases: tuple[str, ...] = ()
+        self.counts_cudagraphs = False  # whether this torch has the method the CUDA graph count wraps
 
     def sync(self):
         if self.cuda:
@@ -298,6 +299,7 @@ class Probe:
                 return original_record(manager, *args, **kwargs)
 
             CUDAGraphTreeManager.record_function = record_function
+            self.counts_cudagraphs = True
 
         # a step ends when the trainer returns its metrics: file the step's records (and write the JSON so far)
         original_step = PolicyTrainer.step
@@ -364,7 +366,7 @@ def summarise(args, config, counts, bw: float, peak: float, probe: Probe, metric
                 "rollout_mfu": round(roll.get("total", 0) / t_rollout / (peak * 1e12), 4) if peak == peak else None,
                 "rollout_flops_split": {k: f"{v:.3e}" for k, v in roll.items()},
                 "profile": {k: v["profile"] for k, v in ph.items() if "profile" in v},
-                "cudagraphs_recorded": ph.get("cudagraphs", {}).get("recorded", 0),
+                "cudagraphs_recorded": ph.get("cudagraphs", {}).get("recorded", 0) if probe.counts_cudagraphs else None,
                 "peak_gib": {k: round(v["peak_gib"], 2) for k, v in ph.items() if "peak_gib" in v},
                 "allocated_after_gib": {
                     k: round(v["allocated_after_gib"], 2) for k, v in ph.items() if "allocated_after_gib" in v
