@@ -290,7 +290,7 @@ class Probe:
             from torch._inductor.cudagraph_trees import CUDAGraphTreeManager
         except ImportError:
             CUDAGraphTreeManager = None
-        if CUDAGraphTreeManager is not None and hasattr(CUDAGraphTreeManager, "record_function"):
+        if hasattr(CUDAGraphTreeManager, "record_function"):
             original_record = CUDAGraphTreeManager.record_function
 
             def record_function(manager, *args, **kwargs):
@@ -325,13 +325,9 @@ class Probe:
 
 
 # ----------------------------------------------------------------------------------------------- figures
-def compile_counters() -> dict:
+def summarise(args, config, counts, bw: float, peak: float, probe: Probe, metrics: list[dict]) -> dict:
     from torch._dynamo.utils import counters
 
-    return counters
-
-
-def summarise(args, config, counts, bw: float, peak: float, probe: Probe, metrics: list[dict]) -> dict:
     text = config.get_text_config()
     kv_bytes_per_token = (
         2 * text.num_hidden_layers * text.num_key_value_heads * (text.hidden_size // text.num_attention_heads) * 2
@@ -425,7 +421,7 @@ def summarise(args, config, counts, bw: float, peak: float, probe: Probe, metric
         else None,
         # torch.compile's own record (cumulative): graph breaks, recompilations, CUDA graph skips (``inductor``:
         # ``cudagraph_skips``): whether the compiled decode ran as captured graphs; empty where nothing compiled
-        "compile_counters": {k: {str(n): c for n, c in v.items()} for k, v in compile_counters().items() if v},
+        "compile_counters": {k: {str(n): c for n, c in v.items()} for k, v in counters.items() if v},
         "steps": steps,
     }
 

@@ -248,13 +248,10 @@ def profile_summary(events, wall_s: float, top: int = 12) -> dict:
     time (a decode whose device is busy a fifth of the time waits on the host, not on memory bandwidth), the kernel
     launches, and the kernels and CPU operators that take the most time. Times in seconds (the profiler's are
     microseconds); a kernel's time is its own (``self_device_time_total``), an operator's CPU time its own too."""
-    device = torch.autograd.DeviceType.CPU
-
-    def is_kernel(e) -> bool:  # a device event, not a user range (record_function) shown on the device
-        return e.device_type != device and not getattr(e, "is_user_annotation", False)
-
-    kernels = [e for e in events if is_kernel(e)]
-    ops = [e for e in events if e.device_type == device and not getattr(e, "is_user_annotation", False)]
+    cpu = torch.autograd.DeviceType.CPU
+    events = [e for e in events if not getattr(e, "is_user_annotation", False)]  # not record_function ranges
+    kernels = [e for e in events if e.device_type != cpu]
+    ops = [e for e in events if e.device_type == cpu]
     busy = sum(e.self_device_time_total for e in kernels) / 1e6
 
     def rows(evts, key) -> list[dict]:
