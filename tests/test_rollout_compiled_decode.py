@@ -13,7 +13,7 @@ from data_pipelines.collate import encode_prompt
 from data_pipelines.records import PromptRecord
 from vlrft.models.loading import load_model
 from vlrft.rollout import HFEngineConfig, SamplingParams, make_engine
-from vlrft.rollout.hf_engine import STATIC_CACHE_BUCKET
+from vlrft.rollout.hf_engine import STATIC_CACHE_BUCKET, _StaticCaches
 
 COMPILED = HFEngineConfig(inference_copy="on", compile="on")
 
@@ -60,6 +60,64 @@ def test_the_static_cache_samples_what_the_dynamic_cache_does(tiny_model, arch):
     cache = seen[0]
     assert isinstance(cache, StaticCache) and cache.layers[0].max_cache_len % STATIC_CACHE_BUCKET == 0
     assert cache.layers[0].keys.shape[0] == 3 * len(prompts)  # the prefill expanded to n samples per prompt
+
+
+def _cache_addresses(cache: StaticCache) -> list[int]:
+    return [t.data_ptr() for layer in cache.layers for t in (layer.keys, layer.values)]
+
+
+def _recording(engine) -> list:
+    """The caches ``engine``'s generate is handed, in order (nothing is changed)."""
+    seen, original = [], engine.model.generate
+
+    def generate(**kwargs):
+        seen.append(kwargs.get("cache", kwargs.get("past_key_values")))
+        return original(**kwargs)
+
+    engine.model.generate = generate
+    return seen
+
+
+def test_static_caches_are_reused_at_the_same_addresses_while_the_weights_stay(tiny_model):
+    """A captured decode step replays only where its cache is where it was recorded: with ``sleep_level=0`` the next
+    rollout of the same shape (other prompts, after a sleep and a wake) decodes on the same cache tensors, reset, and
+    samples exactly what the dynamic cache does; a third shape lets the least recently used of the two held go;
+    ``sleep_level=2`` drops them with the weights, and a new cache serves the rollout after the stream."""
+    model, proc = load_model(tiny_model("qwen2_5_vl"))
+    model.eval()
+    first = _prompts(proc, vl=True)
+    other = [  # the same rows (3 prompts x 2 samples) and width bucket, other tokens and image
+        encode_prompt(proc, PromptRecord(id="d", prompt="Something else entirely, said at some length.")),
+        encode_prompt(proc, PromptRecord(id="e", prompt="Yes")),
+        encode_prompt(
+            proc, PromptRecord(id="f", prompt="<image> Which?", images=[Image.new("RGB", (84, 56), (0, 90, 200))])
+        ),
+    ]
+    greedy = SamplingParams(n=2, temperature=0.0, max_new_tokens=10)
+    sampled = SamplingParams(n=2, max_new_tokens=10)
+    plain = make_engine("hf", model, proc)
+    keep = make_engine("hf", model, proc, hf=HFEngineConfig(inference_copy="on", compile="on", sleep_level=0))
+    seen = _recording(keep)
+    assert _tokens(keep, first, greedy) == _tokens(plain, first, greedy)
+    keep.sleep()
+    keep.wake()
+    for prompts, sampling in ((other, sampled), (first, greedy)):
+        assert _tokens(keep, prompts, sampling, seed=5) == _tokens(plain, prompts, sampling, seed=5)
+    assert seen[1] is seen[0] and seen[2] is seen[0]
+    assert _cache_addresses(seen[2]) == _cache_addresses(seen[0])
+    _tokens(keep, first[:2], greedy)  # 2 prompts: a second shape, held beside the first
+    _tokens(keep, first[:1], greedy)  # a third: the first shape (least recently used) is let go
+    _tokens(keep, first, greedy)
+    assert len({id(c) for c in seen[2:]}) == 4 and _StaticCaches.KEEP == 2
+
+    drop = make_engine("hf", model, proc, hf=HFEngineConfig(inference_copy="on", compile="on", sleep_level=2))
+    seen = _recording(drop)
+    _tokens(drop, first, greedy)
+    drop.sleep()
+    drop.wake()
+    drop.update_weights(model.named_parameters())
+    assert _tokens(drop, first, greedy) == _tokens(plain, first, greedy)
+    assert seen[1] is not seen[0]
 
 
 def test_auto_compiles_only_with_cuda_and_a_copy():

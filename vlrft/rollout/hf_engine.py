@@ -19,7 +19,9 @@ copy), prefill once per prompt everywhere.
 
 Compiled decode (``rollout.hf.compile``, CUDA with the copy by default): the prefill's cache is copied into a
 :class:`StaticCache` of a bucketed length, on which ``generate`` compiles the decode step (torch.compile,
-CUDA graphs) by its own criteria; on CPU the same static cache runs eagerly and samples the same tokens.
+CUDA graphs) by its own criteria; on CPU the same static cache runs eagerly and samples the same tokens. The
+static caches are kept and reused from rollout to rollout while the weights stay put (``sleep_level=0``), so
+the captured decode step replays at every rollout instead of being recorded again.
 """
 
 from __future__ import annotations
@@ -131,6 +133,7 @@ class HFRolloutEngine:
         self.pad_id = self.tokenizer.pad_token_id
         self.prefill_once = not synced
         self.static_cache = static_cache and not synced
+        self._static = _StaticCaches()  # the static caches decoding reuses (same addresses for a captured graph)
         # a response must never contain vision placeholders (the model would expect image features for them)
         self.suppress = vision_token_ids(self.tokenizer)
         self.merge_area = getattr(getattr(processor, "image_processor", None), "merge_size", 2) ** 2
@@ -163,7 +166,10 @@ class HFRolloutEngine:
 
     def sleep(self) -> None:
         """Free the copy's memory while the policy trains (``sleep_level``): 1 moves it to CPU memory (on a GPU),
-        2 drops its weights on any device (:meth:`update_weights` writes them all after :meth:`wake`)."""
+        2 drops its weights on any device (:meth:`update_weights` writes them all after :meth:`wake`); both drop the
+        held static KV caches where they free memory, 0 keeps them with the weights."""
+        if self.sleep_level == 2 or (self.sleep_level == 1 and self.device.type != "cpu"):
+            self._static.clear()  # its memory too (the weights come back at new addresses: a graph is re-recorded)
         if self.copy is None:
             return
         if self.sleep_level == 2 and not self._dropped:
@@ -233,7 +239,7 @@ class HFRolloutEngine:
         else:
             cache.batch_repeat_interleave(n)
         if self.static_cache:
-            cache = static_copy(cache, self.model.config, rep["input_ids"].shape[1] + new_tokens)
+            cache = self._static.filled(cache, self.model.config, rep["input_ids"].shape[1] + new_tokens)
         if multimodal_rope:  # generate continues at text position + each prompt's m-rope offset
             deltas = inner.rope_deltas
             if deltas is None:
@@ -327,17 +333,42 @@ def _ends_at_stop(text: str, stop: list[str]) -> bool:
 STATIC_CACHE_BUCKET = 256
 
 
-def static_copy(cache, config, length: int) -> StaticCache:
-    """A :class:`StaticCache` of ``length`` tokens (rounded up to :data:`STATIC_CACHE_BUCKET`) holding what the
-    dynamic ``cache`` holds: decode steps then run on fixed shapes, which ``generate`` compiles on CUDA (its
-    auto-compile criteria: a compileable cache on a GPU) into a captured graph, CUDA graphs by default."""
-    size = -(-length // STATIC_CACHE_BUCKET) * STATIC_CACHE_BUCKET
-    static = StaticCache(config=config, max_cache_len=size)
-    for i, layer in enumerate(cache.layers):
-        # cache_position: the releases whose static layers write where they are told (the CUDA image's 5.17)
-        position = torch.arange(layer.keys.shape[-2], device=layer.keys.device)
-        static.update(layer.keys, layer.values, i, {"cache_position": position})
-    return static
+class _StaticCaches:
+    """The engine's static KV caches, reused from one rollout to the next: the ``KEEP`` most recently used, one per
+    shape (rows, length rounded up to :data:`STATIC_CACHE_BUCKET`, dtype, device). A decode step captured as a CUDA
+    graph reads its cache at the addresses it was recorded with; a new cache per rollout would have the graph
+    recorded again at every rollout (cudagraph trees re-record when a static input's address changes, and the
+    torch releases before the limit's exemption of May 2026 count those re-records toward a limit of 128 a
+    function, past which the decode runs without graphs). :meth:`HFRolloutEngine.sleep` drops them where it frees
+    memory (the weights then move anyway); with ``sleep_level=0`` (or no copy) they stay, like the weights."""
+
+    KEEP = 2  # shapes held at once: a few prompt widths alternate without new caches; each holds rows x length K/V
+
+    def __init__(self):
+        self._held: dict[tuple, StaticCache] = {}  # least recently used first
+
+    def filled(self, cache, config, length: int) -> StaticCache:
+        """A static cache of ``length`` tokens (rounded up) holding exactly what the dynamic ``cache`` holds and
+        zeros after it: a held one of the same shape, reset, or a new one."""
+        size = -(-length // STATIC_CACHE_BUCKET) * STATIC_CACHE_BUCKET
+        first = cache.layers[0].keys
+        key = (first.shape[0], size, first.dtype, first.device)
+        static = self._held.pop(key, None)
+        if static is None:
+            static = StaticCache(config=config, max_cache_len=size)
+        else:
+            static.reset()  # zeros in place: the same tensors, so the same addresses
+        self._held[key] = static
+        while len(self._held) > self.KEEP:
+            self._held.pop(next(iter(self._held)))
+        for i, layer in enumerate(cache.layers):
+            # cache_position: the releases whose static layers write where they are told (the CUDA image's 5.17)
+            position = torch.arange(layer.keys.shape[-2], device=layer.keys.device)
+            static.update(layer.keys, layer.values, i, {"cache_position": position})
+        return static
+
+    def clear(self) -> None:
+        self._held.clear()
 
 
 class _HostCopy:
