@@ -43,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 from gpu_figures import (  # noqa: E402
+    CudagraphSkips,
     copy_bandwidth,
     experience_work,
     param_counts,
@@ -167,6 +168,7 @@ class Probe:
         self.profile_step = 0  # the step (from 1) whose profile_phases run under torch.profiler (0: none)
         self.profile_phases: tuple[str, ...] = ()
         self.counts_cudagraphs = False  # whether this torch has the method the CUDA graph count wraps
+        self.cudagraph_skips: CudagraphSkips | None = None
 
     def sync(self):
         if self.cuda:
@@ -422,6 +424,8 @@ def summarise(args, config, counts, bw: float, peak: float, probe: Probe, metric
         # torch.compile's own record (cumulative): graph breaks, recompilations, CUDA graph skips (``inductor``:
         # ``cudagraph_skips``): whether the compiled decode ran as captured graphs; empty where nothing compiled
         "compile_counters": {k: {str(n): c for n, c in v.items()} for k, v in counters.items() if v},
+        # why: torch's "skipping cudagraphs due to ..." messages by their first line, with their counts
+        "cudagraph_skip_reasons": dict(probe.cudagraph_skips.reasons) if probe.cudagraph_skips else None,
         "steps": steps,
     }
 
@@ -536,6 +540,7 @@ def main(argv: list[str] | None = None) -> dict | None:
         # skipped (torch's artifact logs, off by default)
         torch._logging.set_logs(graph_breaks=True, recompiles=True, perf_hints=True)
     probe = Probe()
+    probe.cudagraph_skips = CudagraphSkips.attach()  # the reasons behind ``cudagraph_skips``, into the JSON
     probe.profile_step, probe.profile_phases = args.profile_step, tuple(filter(None, args.profile_phases.split(",")))
     probe.install(save=args.save)
     name = args.name or config_name(args)

@@ -3,6 +3,7 @@ the GPU at hand, and the model FLOPs of one update (the numerator of actor MFU).
 
 from __future__ import annotations
 
+import logging
 import time
 
 import torch
@@ -267,3 +268,29 @@ def profile_summary(events, wall_s: float, top: int = 12) -> dict:
         "top_kernels": rows(kernels, lambda e: e.self_device_time_total),
         "top_cpu_ops": rows(ops, lambda e: e.self_cpu_time_total),
     }
+
+
+class CudagraphSkips(logging.Handler):
+    """Why torch.compile ran a graph without CUDA graphs: its "skipping cudagraphs due to ..." warnings (a CPU node,
+    mutated inputs, a re-record limit exceeded, ...), which the ``inductor`` counter ``cudagraph_skips`` only counts.
+    Attached to the ``torch._inductor`` logger (its children's records reach it); ``reasons`` counts each message by
+    its first line. torch logs the skips of graphs on CUDA only (those of CPU graphs are counted silently)."""
+
+    PREFIX = "skipping cudagraphs"
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.reasons: dict[str, int] = {}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if message.startswith(self.PREFIX):
+            line = message.splitlines()[0][:300]
+            self.reasons[line] = self.reasons.get(line, 0) + 1
+
+    @classmethod
+    def attach(cls) -> "CudagraphSkips":
+        """A handler on ``torch._inductor``'s logger (after ``torch._logging.set_logs``, which resets its handlers)."""
+        handler = cls()
+        logging.getLogger("torch._inductor").addHandler(handler)
+        return handler

@@ -36,6 +36,7 @@ def test_gpu_check_smoke_writes_its_json_and_no_checkpoint(tmp_path):
     assert result["config"]["profile_step"] == 2 and result["steps"][0]["profile"] == {}
     assert isinstance(result["compile_counters"], dict)  # torch.compile's record: nothing compiles on CPU
     assert [s["cudagraphs_recorded"] for s in result["steps"]] == [0, 0]  # nor records CUDA graphs
+    assert result["cudagraph_skip_reasons"] == {}  # nor logs a skip (torch logs those of CUDA graphs only)
     profile = result["steps"][1]["profile"]
     assert set(profile) == {"rollout", "update"}
     for (phase,) in profile.values():
@@ -104,3 +105,28 @@ def test_profile_summary_ranks_the_operators_a_phase_ran():
     assert 0 < ops[0]["s"] <= summary["wall_s"] and summary["wall_s"] == round(wall, 4)
     if not torch.cuda.is_available():
         assert summary["kernel_launches"] == 0 and summary["device_busy_fraction"] is None
+
+
+def test_cudagraph_skips_collects_torch_s_skip_messages_by_their_first_line():
+    """The reasons behind inductor's ``cudagraph_skips`` counter, as torch itself logs them (its own logging function,
+    the message format of its CPU-node check), counted by first line; other inductor warnings are not reasons."""
+    import logging
+    import sys
+
+    from torch._inductor.cudagraph_utils import format_default_skip_message, log_cudagraph_skip_and_bump_counter
+
+    sys.path.insert(0, str(REPO / "scripts"))
+    from gpu_figures import CudagraphSkips
+
+    skips = CudagraphSkips.attach()
+    try:
+        cpu = format_default_skip_message("cpu device (arange_1). Found from : \n  File model.py, line 3")
+        for message in (cpu, cpu, format_default_skip_message("mutated inputs (2 instances)")):
+            log_cudagraph_skip_and_bump_counter(message)
+        logging.getLogger("torch._inductor.compile_fx").warning("not a skip")
+    finally:
+        logging.getLogger("torch._inductor").removeHandler(skips)
+    assert skips.reasons == {
+        "skipping cudagraphs due to cpu device (arange_1). Found from : ": 2,
+        "skipping cudagraphs due to mutated inputs (2 instances)": 1,
+    }
