@@ -337,10 +337,10 @@ class _StaticCaches:
     """The engine's static KV caches, reused from one rollout to the next: the ``KEEP`` most recently used, one per
     shape (rows, length rounded up to :data:`STATIC_CACHE_BUCKET`, dtype, device). A decode step captured as a CUDA
     graph reads its cache at the addresses it was recorded with; a new cache per rollout would have the graph
-    recorded again at every rollout (cudagraph trees re-record when a static input's address changes, and the
-    torch releases before the limit's exemption of May 2026 count those re-records toward a limit of 128 a
-    function, past which the decode runs without graphs). :meth:`HFRolloutEngine.sleep` drops them where it frees
-    memory (the weights then move anyway); with ``sleep_level=0`` (or no copy) they stay, like the weights."""
+    recorded again at every rollout (cudagraph trees re-record when a static input's address changes; torch 2.5
+    began counting such re-records toward a limit of 128 a function, past which it runs without graphs, and 2.13
+    no longer counts them: releases in between not checked). :meth:`HFRolloutEngine.sleep` drops them where it
+    frees memory (the weights then move anyway); with ``sleep_level=0`` (or no copy) they stay, like the weights."""
 
     KEEP = 2  # shapes held at once: a few prompt widths alternate without new caches; each holds rows x length K/V
 
