@@ -271,12 +271,15 @@ def profile_summary(events, wall_s: float, top: int = 12) -> dict:
 
 
 class CudagraphSkips(logging.Handler):
-    """Why torch.compile ran a graph without CUDA graphs: its "skipping cudagraphs due to ..." warnings (a CPU node,
-    mutated inputs, a re-record limit exceeded, ...), which the ``inductor`` counter ``cudagraph_skips`` only counts.
-    Attached to the ``torch._inductor`` logger (its children's records reach it); ``reasons`` counts each message by
-    its first line. torch logs the skips of graphs on CUDA only (those of CPU graphs are counted silently)."""
+    """Why torch.compile ran a graph without CUDA graphs: the warnings torch logs where it bumps the ``inductor``
+    counter ``cudagraph_skips``, which only counts them (its ``log_cudagraph_skip_and_bump_counter``: a CPU node,
+    mutated inputs, "skipping cudagraph due to function ... exceeding max re-recording limit", ...), recognised by
+    that function's name or by the words they start with. Attached to the ``torch._inductor`` logger (its children's
+    records reach it); ``reasons`` counts each message by its first line. torch logs the skips of graphs on CUDA
+    only (those of CPU graphs are counted silently)."""
 
-    PREFIX = "skipping cudagraphs"
+    FUNCTION = "log_cudagraph_skip_and_bump_counter"
+    STARTS = ("skipping cudagraph", "disabling cudagraph")
 
     def __init__(self):
         super().__init__(logging.WARNING)
@@ -284,7 +287,7 @@ class CudagraphSkips(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         message = record.getMessage()
-        if message.startswith(self.PREFIX):
+        if record.funcName == self.FUNCTION or message.startswith(self.STARTS):
             line = message.splitlines()[0][:300]
             self.reasons[line] = self.reasons.get(line, 0) + 1
 

@@ -109,7 +109,8 @@ def test_profile_summary_ranks_the_operators_a_phase_ran():
 
 def test_cudagraph_skips_collects_torch_s_skip_messages_by_their_first_line():
     """The reasons behind inductor's ``cudagraph_skips`` counter, as torch itself logs them (its own logging function,
-    the message format of its CPU-node check), counted by first line; other inductor warnings are not reasons."""
+    the message formats of its CPU-node check and of its re-record limit), counted by first line; other inductor
+    warnings are not reasons."""
     import logging
     import sys
 
@@ -121,7 +122,11 @@ def test_cudagraph_skips_collects_torch_s_skip_messages_by_their_first_line():
     skips = CudagraphSkips.attach()
     try:
         cpu = format_default_skip_message("cpu device (arange_1). Found from : \n  File model.py, line 3")
-        for message in (cpu, cpu, format_default_skip_message("mutated inputs (2 instances)")):
+        limit = (  # the re-record limit's message (cudagraph_trees.py): "cudagraph", not "cudagraphs"
+            "skipping cudagraph due to function 0 exceeding max re-recording limit (=128) on cudagraph node None due "
+            "to static input data pointer changed."
+        )
+        for message in (cpu, cpu, format_default_skip_message("mutated inputs (2 instances)"), limit):
             log_cudagraph_skip_and_bump_counter(message)
         logging.getLogger("torch._inductor.compile_fx").warning("not a skip")
     finally:
@@ -129,4 +134,5 @@ def test_cudagraph_skips_collects_torch_s_skip_messages_by_their_first_line():
     assert skips.reasons == {
         "skipping cudagraphs due to cpu device (arange_1). Found from : ": 2,
         "skipping cudagraphs due to mutated inputs (2 instances)": 1,
+        limit: 1,
     }
