@@ -35,33 +35,6 @@ def _tokens(engine, prompts, sampling, seed: int = 0) -> list[list[int]]:
     return [x.response_ids.tolist() for x in engine.generate(prompts, sampling)]
 
 
-@pytest.mark.parametrize("arch", ["qwen2_5_vl", "qwen2"])
-def test_the_static_cache_samples_what_the_dynamic_cache_does(tiny_model, arch):
-    """Left-padded prompts of different lengths (and an image), greedy and sampled, n = 3: the same tokens, token for
-    token; the engine really decodes on a StaticCache of bucketed length holding the prefill."""
-    model, proc = load_model(tiny_model(arch))
-    model.eval()
-    prompts = _prompts(proc, arch != "qwen2")
-    plain = make_engine("hf", model, proc)
-    static = make_engine("hf", model, proc, hf=COMPILED)
-    assert static.static_cache and static.copy is not None and not plain.static_cache
-    seen = []
-    original = static.model.generate
-
-    def generate(**kwargs):  # what generate is handed (the cache) is recorded, nothing is changed
-        seen.append(kwargs.get("cache", kwargs.get("past_key_values")))
-        return original(**kwargs)
-
-    static.model.generate = generate
-    for sampling in (SamplingParams(n=3, temperature=0.0, max_new_tokens=12), SamplingParams(n=3, max_new_tokens=12)):
-        ours, ref = _tokens(static, prompts, sampling), _tokens(plain, prompts, sampling)
-        assert ours == ref
-        assert sum(map(len, ours)) >= len(ours) * 4
-    cache = seen[0]
-    assert isinstance(cache, StaticCache) and cache.layers[0].max_cache_len % STATIC_CACHE_BUCKET == 0
-    assert cache.layers[0].keys.shape[0] == 3 * len(prompts)  # the prefill expanded to n samples per prompt
-
-
 def _cache_addresses(cache: StaticCache) -> list[int]:
     return [t.data_ptr() for layer in cache.layers for t in (layer.keys, layer.values)]
 
@@ -76,6 +49,26 @@ def _recording(engine) -> list:
 
     engine.model.generate = generate
     return seen
+
+
+@pytest.mark.parametrize("arch", ["qwen2_5_vl", "qwen2"])
+def test_the_static_cache_samples_what_the_dynamic_cache_does(tiny_model, arch):
+    """Left-padded prompts of different lengths (and an image), greedy and sampled, n = 3: the same tokens, token for
+    token; the engine really decodes on a StaticCache of bucketed length holding the prefill."""
+    model, proc = load_model(tiny_model(arch))
+    model.eval()
+    prompts = _prompts(proc, arch != "qwen2")
+    plain = make_engine("hf", model, proc)
+    static = make_engine("hf", model, proc, hf=COMPILED)
+    assert static.static_cache and static.copy is not None and not plain.static_cache
+    seen = _recording(static)
+    for sampling in (SamplingParams(n=3, temperature=0.0, max_new_tokens=12), SamplingParams(n=3, max_new_tokens=12)):
+        ours, ref = _tokens(static, prompts, sampling), _tokens(plain, prompts, sampling)
+        assert ours == ref
+        assert sum(map(len, ours)) >= len(ours) * 4
+    cache = seen[0]
+    assert isinstance(cache, StaticCache) and cache.layers[0].max_cache_len % STATIC_CACHE_BUCKET == 0
+    assert cache.layers[0].keys.shape[0] == 3 * len(prompts)  # the prefill expanded to n samples per prompt
 
 
 def test_static_caches_are_reused_at_the_same_addresses_while_the_weights_stay(tiny_model):
