@@ -113,11 +113,16 @@ def test_static_caches_are_reused_at_the_same_addresses_while_the_weights_stay(t
     assert seen[1] is not seen[0]
 
 
-def test_auto_compiles_only_with_cuda_and_a_copy():
-    auto = HFEngineConfig()
-    assert auto.wants_static_cache(copy=True) == torch.cuda.is_available()
-    assert not auto.wants_static_cache(copy=False)
-    assert not HFEngineConfig(compile="off").wants_static_cache(copy=True)
+def test_auto_compiles_only_with_cuda_and_a_copy(tiny_model):
+    """Where the policy computes decides, not whether the machine has a GPU: a policy on the CPU of a machine with
+    CUDA decodes as on a CPU machine (no copy, no static cache)."""
+    auto, cpu, cuda = HFEngineConfig(), torch.device("cpu"), torch.device("cuda", 0)
+    assert auto.wants_static_cache(True, cuda) and not auto.wants_static_cache(True, cpu)
+    assert not auto.wants_static_cache(False, cuda)
+    assert not HFEngineConfig(compile="off").wants_static_cache(True, cuda)
+    model, proc = load_model(tiny_model("qwen2_5_vl"))
+    engine = make_engine("hf", model, proc, hf=auto)
+    assert engine.copy is None and not engine.static_cache and engine.device == cpu
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="compiled decode (torch.compile + CUDA graphs) needs CUDA")

@@ -27,11 +27,13 @@ def test_auto_keeps_one_cpu_process_on_the_training_module_and_copies_for_sharde
     model, proc = load_model(tiny_model("qwen2_5_vl"))
     auto = HFEngineConfig()
     assert make_engine("hf", model, proc, hf=auto).copy is None  # one CPU process: the numbers stay as they were
-    assert auto.wants_copy(sharded=True) and not auto.wants_copy(sharded=False)
+    cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
+    assert auto.wants_copy(True, cpu) and not auto.wants_copy(False, cpu) and auto.wants_copy(False, cuda)
     copied = make_engine("hf", model, proc, synced=True, hf=auto)
     assert copied.copy is not None and copied.model is copied.copy and not copied.synced and copied.prefill_once
     assert all(not p.requires_grad for p in copied.copy.parameters())
-    assert HFEngineConfig(dtype="bfloat16").copy_dtype(model.dtype) is torch.bfloat16
+    assert HFEngineConfig(dtype="bfloat16").copy_dtype(model.dtype, cpu) is torch.bfloat16
+    assert auto.copy_dtype(model.dtype, cpu) is torch.float32 and auto.copy_dtype(model.dtype, cuda) is torch.bfloat16
 
 
 @pytest.mark.distributed

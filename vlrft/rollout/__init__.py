@@ -38,14 +38,18 @@ def make_engine(
     hf: HFEngineConfig | None = None,
     distributed: bool = False,
     seed: int = 0,
+    device: torch.device | None = None,
 ):
     """``hf`` generates with ``model`` itself, or (``hf.inference_copy``) with a copy of it loaded from its folder;
     ``vllm`` loads its own copy from ``model``'s folder (``name_or_path``); an engine's own copy is kept in step by
-    ``update_weights``. ``synced``: ``model``'s parameters are sharded over the ranks."""
+    ``update_weights``. ``synced``: ``model``'s parameters are sharded over the ranks. ``device``: where the policy
+    computes (the strategy's device; by default its parameters' device), which the ``hf`` engine's automatic choices
+    follow."""
     if name == "hf":
-        dtype = next(model.parameters()).dtype
-        copy_dtype = hf.copy_dtype(dtype) if hf is not None and hf.wants_copy(synced) else None
-        static = hf is not None and hf.wants_static_cache(copy=copy_dtype is not None)
+        first = next(model.parameters())
+        device = device if device is not None else first.device
+        copy_dtype = hf.copy_dtype(first.dtype, device) if hf is not None and hf.wants_copy(synced, device) else None
+        static = hf is not None and hf.wants_static_cache(copy_dtype is not None, device)
         return HFRolloutEngine(
             model,
             processor,
@@ -54,6 +58,7 @@ def make_engine(
             copy_dtype=copy_dtype,
             static_cache=static,
             sleep_level=hf.sleep_level if hf is not None else 1,
+            device=device,
         )
     if name == "vllm":
         dtype = next(model.parameters()).dtype

@@ -56,12 +56,13 @@ class HFEngineConfig:
         "generate with a plain copy of the policy in the rollout dtype, refreshed from the weight stream after each "
         "update and freed during it as sleep_level says (no parameter gather per decode step, no lockstep between "
         "ranks); "
-        "auto: on with CUDA or a strategy that shards parameters, off on one CPU process (where it only costs memory)",
+        "auto: on where the policy computes on CUDA or a strategy shards parameters, off on one CPU process (where it "
+        "only costs memory)",
         choices=("auto", "on", "off"),
     )
     dtype: str = option(
         "auto",
-        "the copy's dtype (auto: bfloat16 on CUDA, the policy's on CPU)",
+        "the copy's dtype (auto: bfloat16 where the policy computes on CUDA, the policy's on CPU)",
         choices=("auto", "float32", "bfloat16"),
     )
     sleep_level: int = option(
@@ -76,25 +77,28 @@ class HFEngineConfig:
         "auto",
         "decode with a static KV cache, each decode step compiled and captured as a CUDA graph (torch.compile "
         "through transformers' generate; CUDA only, eager elsewhere: on makes CPU use the static cache too); auto: on "
-        "with CUDA and the inference copy",
+        "where the policy computes on CUDA, with the inference copy",
         choices=("auto", "on", "off"),
     )
 
-    def copy_dtype(self, policy_dtype: torch.dtype) -> torch.dtype:
+    # ``device`` below: where the policy computes (the strategy's device), not whether the machine has a GPU: a
+    # policy on the CPU of a machine with CUDA gets what a CPU machine gives it (its dtype, no copy, eager decode)
+
+    def copy_dtype(self, policy_dtype: torch.dtype, device: torch.device) -> torch.dtype:
         if self.dtype != "auto":
             return getattr(torch, self.dtype)
-        return torch.bfloat16 if torch.cuda.is_available() else policy_dtype
+        return torch.bfloat16 if device.type == "cuda" else policy_dtype
 
-    def wants_copy(self, sharded: bool) -> bool:
+    def wants_copy(self, sharded: bool, device: torch.device) -> bool:
         """Whether the engine generates with a copy (``sharded``: the strategy shards parameters)."""
         if self.inference_copy != "auto":
             return self.inference_copy == "on"
-        return torch.cuda.is_available() or sharded
+        return device.type == "cuda" or sharded
 
-    def wants_static_cache(self, copy: bool) -> bool:
+    def wants_static_cache(self, copy: bool, device: torch.device) -> bool:
         """Whether an unsharded engine decodes with a static cache (compiled on CUDA by ``generate`` itself);
         ``copy``: it generates with the inference copy (auto never compiles a wrapped training module)."""
-        return self.compile == "on" or (self.compile == "auto" and torch.cuda.is_available() and copy)
+        return self.compile == "on" or (self.compile == "auto" and device.type == "cuda" and copy)
 
 
 class HFRolloutEngine:
@@ -108,17 +112,19 @@ class HFRolloutEngine:
         copy_dtype: torch.dtype | None = None,
         static_cache: bool = False,
         sleep_level: int = 1,
+        device: torch.device | None = None,
     ):
-        """``model``: the policy (it generates, unless ``copy_dtype`` asks for an inference copy of that dtype).
+        """``model``: the policy (it generates, unless ``copy_dtype`` asks for an inference copy of that dtype, held on
+        ``device``, where the policy computes: by default its parameters' device).
         ``static_cache``: decode with a static KV cache (unsharded only), which ``generate`` compiles on CUDA.
         ``sleep_level``: what :meth:`sleep` does with the copy (``HFEngineConfig.sleep_level``)."""
-        self.copy = _inference_copy(model, copy_dtype) if copy_dtype is not None else None
+        self.device = device if device is not None else next(model.parameters()).device
+        self.copy = _inference_copy(model, copy_dtype, self.device) if copy_dtype is not None else None
         self.params = dict(self.copy.named_parameters()) if self.copy is not None else {}
         self.sleep_level = sleep_level
         self._dropped: dict[str, torch.Size] = {}  # the copy's weights sleep dropped (sleep_level 2)
         self._unfilled: set[str] = set()  # woken, not yet re-sent by the weight stream
         self._host: _HostCopy | None = None  # where sleep_level 1 keeps the copy's weights on a GPU (made once)
-        self.device = next(model.parameters()).device if self.copy is None else _copy_device()
         self.model = self.copy if self.copy is not None else model  # the module that generates
         synced = synced and self.copy is None  # a whole copy on every rank needs no lockstep
         self.processor = processor
@@ -433,12 +439,9 @@ def _host_layout(sizes: list[int], chunk: int, align: int) -> tuple[list[tuple[i
     return places, used
 
 
-def _copy_device() -> torch.device:
-    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-
-
-def _inference_copy(policy: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
-    """A plain model of the policy's folder (``name_or_path``) in ``dtype``, in eval mode, without gradients.
+def _inference_copy(policy: torch.nn.Module, dtype: torch.dtype, device: torch.device) -> torch.nn.Module:
+    """A plain model of the policy's folder (``name_or_path``) in ``dtype`` on ``device``, in eval mode, without
+    gradients.
     Its weights are the folder's until the first :meth:`HFRolloutEngine.update_weights`."""
     folder = getattr(policy, "name_or_path", "") or ""
     if not folder or not Path(folder).is_dir():
@@ -446,7 +449,7 @@ def _inference_copy(policy: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Mod
             f"rollout.hf.inference_copy: the policy has no model folder to load the copy from (name_or_path="
             f"{folder!r}); set rollout.hf.inference_copy=off"
         )
-    copy, _ = load_model(folder, dtype, _copy_device(), processor=False)
+    copy, _ = load_model(folder, dtype, device, processor=False)
     return copy.eval().requires_grad_(False)
 
 

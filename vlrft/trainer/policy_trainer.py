@@ -136,6 +136,7 @@ class PolicyTrainer(Trainer):
             vllm=r.vllm,
             hf=r.hf,
             distributed=strategy.distributed,
+            device=strategy.device,
         )
         self.tools = tools
         self.trajectories = TrajectoryRunner(self.engine, processor, tools, cfg.tools) if tools is not None else None

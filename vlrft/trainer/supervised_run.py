@@ -274,7 +274,9 @@ def greedy_accuracy(
     ``tools``: trajectories, ``eval_max_new_tokens`` per turn)."""
     mine = _even_share(records, strategy)
     model = strategy.unwrap()
-    engine = make_engine("hf", model, processor, synced=strategy.shards_parameters, micro_batch_size=16)
+    engine = make_engine(
+        "hf", model, processor, synced=strategy.shards_parameters, micro_batch_size=16, device=strategy.device
+    )
     trajectories = TrajectoryRunner(engine, processor, tools, cfg.tools) if tools is not None else None
     metrics = run_eval(
         model,
