@@ -317,6 +317,49 @@ def test_shared_prefix_decode_attention_equals_attention_over_the_expanded_cache
         assert_within(err, bound, f"shared-prefix decode attention {dtype}, step {step}")
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("additive", [False, True])
+def test_grouped_decode_attention_equals_attention_over_the_repeated_cache(dtype, additive):
+    """A decode step with grouped KV heads and a padded cache (a static cache's unfilled tail, left padding): the
+    query heads of each KV head attending as its queries (no copy of the cache) against a float64 softmax over the
+    cache repeated per query head (transformers' ``repeat_kv``), with a bool and an additive mask; ``packed_sdpa``
+    takes this path for such a step and gives what transformers' SDPA attention gives."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from vlrft.models.group_forward import grouped_decode_attention, packed_sdpa
+
+    g = torch.Generator().manual_seed(1)
+    batch, kv_heads, groups, length, dim = 3, 2, 4, 7, 8
+    heads = kv_heads * groups
+    query = torch.randn(batch, heads, 1, dim, generator=g).to(dtype)
+    key, value = (torch.randn(batch, kv_heads, length, dim, generator=g).to(dtype) for _ in range(2))
+    filled = torch.tensor([[0, 1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1, 0], [0, 0, 0, 1, 1, 0, 0]], dtype=torch.bool)
+    mask = filled[:, None, None, :]  # [B, 1, 1, S]: each row's own padding, shared by its heads
+    if additive:
+        mask = torch.zeros(mask.shape, dtype=dtype).masked_fill(~mask, torch.finfo(dtype).min)
+    got, _ = grouped_decode_attention(query, key, value, mask, dim**-0.5)
+
+    # float64 reference: head h reads KV head h // groups, the padding masked out
+    full_k = key.double().repeat_interleave(groups, 1)
+    full_v = value.double().repeat_interleave(groups, 1)
+    scores = (query.double() @ full_k.transpose(-1, -2) * dim**-0.5).masked_fill(~filled[:, None, None], float("-inf"))
+    want = (scores.softmax(-1) @ full_v).transpose(1, 2)  # [B, 1, heads, dim]
+    assert got.shape == want.shape and got.dtype == dtype
+    if dtype == torch.float32:  # float32 sums of <= 7 O(1) products and a 7-term softmax: a few ulps (1e-7) each
+        err, bound = (got.double() - want).abs().max(), FORWARD_BOUND
+    else:  # the output rounded to bf16 (8 significant bits): 2^-9 relative each, measured ~2e-3 normwise; bound 2^-6
+        err, bound = (got.double() - want).norm() / want.norm(), 2**-6
+    assert_within(err, bound, f"grouped decode attention {dtype}, {'additive' if additive else 'bool'} mask")
+
+    attn = torch.nn.Module()
+    attn.is_causal, attn.scaling, attn.num_key_value_groups = True, dim**-0.5, groups
+    routed, _ = packed_sdpa(attn, query, key, value, mask)
+    assert torch.equal(routed, got)  # packed_sdpa computes such a step with the grouped attention
+    plain, _ = sdpa_attention_forward(attn, query, key, value, mask, scaling=attn.scaling)  # over repeat_kv's copies
+    diff = (routed.double() - plain.double()).norm() / plain.double().norm()
+    assert_within(diff, FORWARD_BOUND if dtype == torch.float32 else 2**-6, f"grouped decode vs SDPA, {dtype}")
+
+
 def test_packed_responses_explicit_attention_equals_float64_gradients_included():
     """The explicit attention of a block's responses (``_prefix_attention`` with each response's queries its own
     keys: ``q == t``, causal, no prompt padding), which CPU training takes for responses no longer than the head

@@ -112,6 +112,8 @@ def packed_sdpa(
     if shared is not None and getattr(module, "is_causal", False):
         return _prefix_attention(query, key, value, shared.prefix_keys, shared.prefix_values, shared.prompt_mask, scale)
     layout = vlrft_packed
+    if _grouped_decode_applies(module, query, attention_mask, dropout):
+        return grouped_decode_attention(query, key, value, attention_mask, scale)
     if (
         layout is None
         or not getattr(module, "is_causal", False)
@@ -162,6 +164,38 @@ def packed_sdpa(
     out = query.new_zeros(rows * width, heads, dim)  # padding positions stay zero (nothing reads them)
     out = out.index_put((torch.cat(where),), torch.cat(pieces))
     return out.unflatten(0, (rows, width)), None
+
+
+def _grouped_decode_applies(module: torch.nn.Module, query: torch.Tensor, mask: torch.Tensor | None, dropout: float):
+    """One query token per row (a decode step), grouped KV heads and a mask shared by all heads and queries (the
+    padding of a static or left-padded cache): transformers' SDPA would copy every key and value once per query head
+    of its group (``repeat_kv``: SDPA's GQA flag needs no mask), and under torch.compile it always does."""
+    groups = getattr(module, "num_key_value_groups", 1)
+    return (
+        groups > 1
+        and query.shape[2] == 1
+        and mask is not None
+        and mask.dim() == 4
+        and mask.shape[1] == mask.shape[2] == 1
+        and not dropout
+    )
+
+
+def grouped_decode_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor, scale: float
+) -> tuple[torch.Tensor, None]:
+    """Decode attention with grouped KV heads (GQA, Ainslie et al. 2023, section 2) without copying the cache: the
+    ``g`` query heads of KV head ``j`` (heads ``j g .. j g + g - 1``, transformers' ``repeat_kv`` order) become ``g``
+    queries of that head, so SDPA reads each key and value once for all of them. ``query`` ``[B, heads, 1, dim]``,
+    ``key`` / ``value`` ``[B, kv_heads, S, dim]``, ``mask`` ``[B or 1, 1, 1, S]`` (bool or additive, broadcast over
+    the g queries). The same scores, weights and outputs as SDPA over the repeated cache (one dot product per
+    query and key either way). Returns ``[B, 1, heads, dim]``, as transformers' attention functions do."""
+    batch, heads, _, dim = query.shape
+    kv_heads = key.shape[1]
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query.reshape(batch, kv_heads, heads // kv_heads, dim), key, value, attn_mask=mask, scale=scale
+    )  # [B, kv_heads, g, dim]
+    return out.reshape(batch, 1, heads, value.shape[-1]), None
 
 
 class SharedPrefixLayer(DynamicLayer):

@@ -238,7 +238,8 @@ class HFRolloutEngine:
             inner.rope_deltas = None  # set by this prefill (image prompts) or zero (text positions above)
         # logits_to_keep=1: only the cache is kept, so the LM head runs on one position instead of every prompt token
         # decoding attends over one shared prompt cache where the text attention is packed_sdpa (SDPA models)
-        shared = not self.static_cache and use_packed_attention(self.model)
+        # (and a static cache's decode steps attend on the KV heads without copying the cache per query head)
+        shared = use_packed_attention(self.model) and not self.static_cache
         cache = getattr(self.model(**prefix, use_cache=True, logits_to_keep=1), CACHE)
         if shared:  # each prompt's cache held once for its n samples, theirs filled in place (no copy per step)
             cache = share_prompt_cache(cache, prefix["attention_mask"], n, new_tokens + 1)
