@@ -12,7 +12,13 @@ from tolerance import assert_within
 from data_pipelines.collate import collate_sequences, encode_prompt
 from data_pipelines.records import PromptRecord
 from reward_models.scalar import ScalarRewardModel
-from vlrft.models.group_forward import _explicit_scores, pack_groups, sample_images, shared_forward_applies
+from vlrft.models.group_forward import (
+    VARLEN_SDPA,
+    _explicit_scores,
+    pack_groups,
+    sample_images,
+    shared_forward_applies,
+)
 from vlrft.models.loading import load_model, load_processor
 from vlrft.rollout import SamplingParams, make_engine
 from vlrft.trainer.experience import Experience, infer_response_logprobs, response_logprobs, response_tensors
@@ -236,7 +242,7 @@ def test_packed_attention_computes_from_the_layout_and_equals_the_dense_block_ma
     batch, ids, _ = _batch(proc, recs, [3, 1, 6, 2, 3], seed=4, lengths=response_lengths)
     packed = pack_groups(model, batch, ids.shape[1], torch.device("cpu"))
     assert model.config.text_config._attn_implementation == "vlrft_packed_sdpa"
-    assert model.config.vision_config._attn_implementation == "sdpa"  # the vision tower keeps SDPA
+    assert model.config.vision_config._attn_implementation == VARLEN_SDPA  # the vision tower keeps its own
     layout = packed.inputs["vlrft_packed"]
     assert [r.prompt for r in layout.rows] == batch["prompt_lengths"][[0, 3, 4, 10, 12]].tolist()
     assert sorted(b.rows.tolist() for b in layout.blocks) == [[0, 4], [1], [2], [3]]
@@ -358,6 +364,77 @@ def test_grouped_decode_attention_equals_attention_over_the_repeated_cache(dtype
     plain, _ = sdpa_attention_forward(attn, query, key, value, mask, scaling=attn.scaling)  # over repeat_kv's copies
     diff = (routed.double() - plain.double()).norm() / plain.double().norm()
     assert_within(diff, FORWARD_BOUND if dtype == torch.float32 else 2**-6, f"grouped decode vs SDPA, {dtype}")
+
+
+@pytest.mark.parametrize("bounds", [[0, 4, 8, 12], [0, 3, 3, 7, 12]], ids=["one-length", "mixed-and-empty"])
+def test_varlen_vision_attention_equals_float64_per_sequence_gradients_included(bounds):
+    """``varlen_sdpa`` (a vision tower's packed sequences, those of one length in one SDPA call) against a float64
+    softmax over each sequence alone, outputs and the gradients of query, key and value: sequences of one length
+    (reshaped, no gather), and of several lengths with an empty one (Qwen2.5-VL's window bounds can repeat)."""
+    from vlrft.models.group_forward import varlen_sdpa
+
+    g = torch.Generator().manual_seed(2)
+    heads, total, dim = 2, bounds[-1], 8
+    qkv = [torch.randn(1, heads, total, dim, generator=g, requires_grad=True) for _ in range(3)]
+    weight = torch.randn(1, total, heads, dim, generator=g)
+    cu = torch.tensor(bounds, dtype=torch.int32)
+    got, _ = varlen_sdpa(torch.nn.Module(), *qkv, scaling=dim**-0.5, cu_seq_lens_q=cu, cu_seq_lens_k=cu)
+    (got * weight).sum().backward()
+    got_grads = [x.grad.clone() for x in qkv]
+
+    ref = [x.detach().double().requires_grad_() for x in qkv]
+    pieces = []
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        q, k, v = (x[:, :, a:b] for x in ref)
+        pieces.append(((q @ k.transpose(-1, -2)) * dim**-0.5).softmax(-1) @ v)
+    want = torch.cat(pieces, dim=2).transpose(1, 2)  # [1, T, heads, dim]
+    (want * weight.double()).sum().backward()
+    # float32 dot products of 8 O(1) terms and softmaxes over <= 5 keys: a few ulps (1e-7) each; 1e-5 is far above
+    assert_within((got.double() - want).abs().max(), FORWARD_BOUND, f"varlen attention {bounds}")
+    worst = max((gg.double() - r.grad).abs().max().item() for gg, r in zip(got_grads, ref))
+    assert_within(worst, FORWARD_BOUND, f"varlen attention gradients {bounds}")
+
+
+@pytest.mark.parametrize("arch", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
+def test_vision_towers_attend_through_varlen_sdpa_as_through_per_sequence_sdpa(tiny_model, arch):
+    """The one loader gives a Qwen-VL model's vision tower ``varlen_sdpa`` (its text layers keep SDPA); the image
+    features and the vision tower's gradients are those of transformers' per-sequence SDPA calls (two images of
+    other sizes: several lengths of images, and of Qwen2.5-VL's windows)."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    model, proc = load_model(tiny_model(arch))
+    vision = model.model.visual
+    assert vision.config._attn_implementation == VARLEN_SDPA
+    assert model.config.get_text_config()._attn_implementation == "sdpa"
+    images = [_image(4, (112, 84)), _image(5, (56, 140))]
+    pixels = proc.image_processor(images=images, return_tensors="pt")
+    weight = None
+    results = {}
+    calls = []
+    original = ALL_ATTENTION_FUNCTIONS[VARLEN_SDPA]
+    ALL_ATTENTION_FUNCTIONS.register(VARLEN_SDPA, lambda *a, **k: calls.append(1) or original(*a, **k))
+    try:
+        for impl in ("sdpa", VARLEN_SDPA):
+            vision.config._attn_implementation = impl
+            model.zero_grad()
+            out = model.model.get_image_features(
+                pixel_values=pixels["pixel_values"], image_grid_thw=pixels["image_grid_thw"]
+            )
+            out = torch.cat(list(getattr(out, "pooler_output", out)))
+            weight = torch.linspace(-1, 1, out.numel()).view_as(out) if weight is None else weight
+            (out * weight).sum().backward()
+            results[impl] = (
+                out.detach(),
+                {k: p.grad.clone() for k, p in vision.named_parameters() if p.grad is not None},
+            )
+    finally:
+        ALL_ATTENTION_FUNCTIONS.register(VARLEN_SDPA, original)
+    assert len(calls) == len(vision.blocks)  # one call per layer, every layer
+    (plain, plain_grads), (varlen, varlen_grads) = results["sdpa"], results[VARLEN_SDPA]
+    assert_within(((varlen - plain).norm() / plain.norm()).item(), FORWARD_BOUND, f"{arch}: varlen vs per-sequence")
+    assert set(plain_grads) == set(varlen_grads) and len(plain_grads) > 10
+    worst = max(((varlen_grads[k] - g).norm() / g.norm().clamp_min(1e-12)).item() for k, g in plain_grads.items())
+    assert_within(worst, FORWARD_BOUND, f"{arch}: varlen vs per-sequence, worst relative gradient difference")
 
 
 def test_packed_responses_explicit_attention_equals_float64_gradients_included():

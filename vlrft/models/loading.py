@@ -35,6 +35,7 @@ from vlrft.archs import ARCHS
 from vlrft.config import ConfigError, option
 from vlrft.errors import ModelFolderError
 from vlrft.models import processing
+from vlrft.models.group_forward import use_varlen_vision_attention
 
 
 def _offline() -> bool:
@@ -242,6 +243,7 @@ def load_model(
         raise ModelFolderError(f"{path}: {why}; copy the model again or export it again")
     auto = AutoModel if not lm_head else AutoModelForImageTextToText if vl else AutoModelForCausalLM
     model = auto.from_pretrained(name, dtype=torch_dtype(dtype), trust_remote_code=trust_remote_code)
+    use_varlen_vision_attention(model)  # an SDPA vision tower: one attention call per window length, not per window
     if device is not None:
         model = model.to(device)
     return model, _processor(name, vl, trust_remote_code) if processor else None
