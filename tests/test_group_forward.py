@@ -242,7 +242,7 @@ def test_packed_attention_computes_from_the_layout_and_equals_the_dense_block_ma
     batch, ids, _ = _batch(proc, recs, [3, 1, 6, 2, 3], seed=4, lengths=response_lengths)
     packed = pack_groups(model, batch, ids.shape[1], torch.device("cpu"))
     assert model.config.text_config._attn_implementation == "vlrft_packed_sdpa"
-    assert model.config.vision_config._attn_implementation == VARLEN_SDPA  # the vision tower keeps its own
+    assert model.config.vision_config._attn_implementation == "sdpa"  # the vision attention has its own (varlen)
     layout = packed.inputs["vlrft_packed"]
     assert [r.prompt for r in layout.rows] == batch["prompt_lengths"][[0, 3, 4, 10, 12]].tolist()
     assert sorted(b.rows.tolist() for b in layout.blocks) == [[0, 4], [1], [2], [3]]
@@ -404,8 +404,14 @@ def test_vision_towers_attend_through_varlen_sdpa_as_through_per_sequence_sdpa(t
 
     model, proc = load_model(tiny_model(arch))
     vision = model.model.visual
-    assert vision.config._attn_implementation == VARLEN_SDPA
-    assert model.config.get_text_config()._attn_implementation == "sdpa"
+    attention = [m for m in vision.modules() if type(m).__name__.endswith("VisionAttention")]
+    assert len(attention) == len(vision.blocks) and len({id(m.config) for m in attention}) == 1
+    own = attention[0].config
+    assert own._attn_implementation == VARLEN_SDPA
+    # the model's own config keeps SDPA (what is saved, and what a model built from it gets; a name with "flash" in
+    # it would make transformers look for a flash kernel there), and so do the text layers
+    assert vision.config._attn_implementation == model.config.get_text_config()._attn_implementation == "sdpa"
+    type(model)(model.config)
     images = [_image(4, (112, 84)), _image(5, (56, 140))]
     pixels = proc.image_processor(images=images, return_tensors="pt")
     weight = None
@@ -415,7 +421,7 @@ def test_vision_towers_attend_through_varlen_sdpa_as_through_per_sequence_sdpa(t
     ALL_ATTENTION_FUNCTIONS.register(VARLEN_SDPA, lambda *a, **k: calls.append(1) or original(*a, **k))
     try:
         for impl in ("sdpa", VARLEN_SDPA):
-            vision.config._attn_implementation = impl
+            own._attn_implementation = impl
             model.zero_grad()
             out = model.model.get_image_features(
                 pixel_values=pixels["pixel_values"], image_grid_thw=pixels["image_grid_thw"]

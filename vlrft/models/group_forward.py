@@ -32,6 +32,7 @@ generation included); eager attention keeps the dense 4-D mask, which also rides
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Any
 
@@ -365,7 +366,9 @@ def varlen_sdpa(
 
 # transformers hands a vision tower's attention the packed sequences' bounds in one call only where the
 # implementation's name contains "flash" (``is_flash_attention_requested``); every other one gets a call per sequence.
-# The name says so; SDPA computes it.
+# The name says so; SDPA computes it. Only the vision attention modules' own copy of the config carries it (see
+# ``use_varlen_vision_attention``): transformers also treats such a name as a flash kernel to load when a model is
+# built from a config, so the model's config keeps "sdpa".
 VARLEN_SDPA = "vlrft_varlen_sdpa_flash_api"
 
 ALL_ATTENTION_FUNCTIONS.register(PACKED_SDPA, packed_sdpa)
@@ -374,14 +377,24 @@ ALL_ATTENTION_FUNCTIONS.register(VARLEN_SDPA, varlen_sdpa)
 
 
 def use_varlen_vision_attention(model: torch.nn.Module) -> bool:
-    """A Qwen-VL model whose vision tower attends with SDPA attends through :func:`varlen_sdpa` from now on (the
-    text layers keep theirs). Whether its vision tower does (False for text models and other implementations)."""
+    """A Qwen-VL model whose vision tower attends with SDPA attends through :func:`varlen_sdpa` from now on: each
+    vision attention module gets its own copy of the vision config naming it, the model's config (saved, or handed
+    to ``from_config``) keeps SDPA, and the text layers keep theirs. Whether its vision attention does (False for
+    text models, other implementations, and towers whose attention modules are not found)."""
     vision = getattr(getattr(model, "config", None), "vision_config", None)
-    if vision is None:
+    if vision is None or getattr(vision, "_attn_implementation", None) not in (None, "sdpa"):
         return False
-    if getattr(vision, "_attn_implementation", None) in (None, "sdpa"):
-        vision._attn_implementation = VARLEN_SDPA
-    return vision._attn_implementation == VARLEN_SDPA
+    attention = [
+        m
+        for m in model.modules()
+        if type(m).__name__.endswith("VisionAttention") and getattr(m, "config", None) is vision
+    ]
+    if attention:
+        own = copy.copy(vision)
+        own._attn_implementation = VARLEN_SDPA
+        for module in attention:
+            module.config = own
+    return bool(attention)
 
 
 def sample_images(batch: dict[str, torch.Tensor], idx: list[int]) -> dict[str, torch.Tensor]:
