@@ -334,7 +334,8 @@ def varlen_sdpa(
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
         )
-    if attention_mask is not None or (cu_seq_lens_k is not None and not torch.equal(cu_seq_lens_k, cu_seq_lens_q)):
+    other_keys = cu_seq_lens_k is not None and cu_seq_lens_k is not cu_seq_lens_q  # (vision towers pass one tensor)
+    if attention_mask is not None or (other_keys and not torch.equal(cu_seq_lens_k, cu_seq_lens_q)):
         raise ValueError("varlen_sdpa: self-attention within packed sequences only (no mask, the same bounds for keys)")
     _, heads, total, _ = query.shape
     bounds = cu_seq_lens_q.tolist()  # one host sync per layer (the per-sequence path's split has one too)
