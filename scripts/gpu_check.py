@@ -23,6 +23,16 @@ One configuration per process. FSDP2 and DeepSpeed initialise torch.distributed,
 ``profile``, what bounds each: the kernels' busy time against the wall time, the kernel launches and the top
 kernels and CPU operators (its times then include the profiler's overhead; profile the last of ``--steps``).
 
+``--census-step K`` counts the operators of step K's ``--profile-phases`` where they reach their kernels (views left
+out; ``gpu_figures.OpCensus``): on a GPU each is a kernel launch with its host work, which is what bounds an update
+the device waits on, and a CPU counts the same operators. ``--shape 3b-narrow`` (3B's depth, heads, vision windows and
+full-attention blocks at small widths) gives a 3B step's count on a CPU::
+
+    python scripts/gpu_check.py --shape 3b-narrow --model-dir /tmp/m3bn --build-only
+    torchrun --nproc_per_node=1 scripts/gpu_check.py --shape 3b-narrow --model-dir /tmp/m3bn --strategy fsdp2 \
+        --mixed-precision no --inference-copy on --micro-batch-tokens 16384 --micro-train-batch 16 \
+        --max-new-tokens 32 --steps 2 --census-step 2 --profile-phases update --json-dir /tmp/census
+
 Checkpoints and the final export are skipped unless ``--save`` (they measure the disk, not the GPU, and a
 3B checkpoint with fp32 AdamW state is about 45 GB).
 """
@@ -44,6 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 from gpu_figures import (  # noqa: E402
     CudagraphSkips,
+    OpCensus,
     copy_bandwidth,
     experience_work,
     param_counts,
@@ -72,6 +83,21 @@ SHAPES = {
     ),
     "3b": dict(hidden=2048, layers=36, heads=16, kv_heads=2, intermediate=11008, vocab=151936, tie=True, **VISION),
     "7b": dict(hidden=3584, layers=28, heads=28, kv_heads=4, intermediate=18944, vocab=152064, tie=False, **VISION),
+    # 3B's depth, heads, vision windows and full-attention blocks at a CPU's widths: the operators of a 3B step (its
+    # GPU kernel launches, --census-step) counted on a CPU
+    "3b-narrow": dict(
+        hidden=256,
+        layers=36,
+        heads=16,
+        kv_heads=2,
+        intermediate=512,
+        vocab=None,
+        tie=True,
+        vision_depth=32,
+        vision_hidden=256,
+        vision_heads=16,
+        vision_intermediate=512,
+    ),
 }
 
 
@@ -96,9 +122,10 @@ def build_config(shape: str):
     text.intermediate_size = s["intermediate"]
     vision.intermediate_size = s["vision_intermediate"]
     vision.num_heads = s["vision_heads"]
-    if shape != "tiny":  # the published models' rope split, window and full-attention blocks
+    if shape in ("3b", "7b"):  # the published models' rope split (it needs their head size)
         text.max_position_embeddings = 32768
         text.rope_parameters["mrope_section"] = [16, 24, 24]
+    if shape != "tiny":  # the published models' vision windows and full-attention blocks
         vision.window_size = 112
         vision.fullatt_block_indexes = [7, 15, 23, 31]
     if s["vocab"]:
@@ -167,6 +194,8 @@ class Probe:
         self.on_step = None  # called after each step
         self.profile_step = 0  # the step (from 1) whose profile_phases run under torch.profiler (0: none)
         self.profile_phases: tuple[str, ...] = ()
+        self.census_step = 0  # the step (from 1) whose profile_phases' operators are counted (0: none)
+        self.census_where: tuple[str, ...] = ()  # operators whose call sites the census counts
         self.counts_cudagraphs = False  # whether this torch has the method the CUDA graph count wraps
         self.cudagraph_skips: CudagraphSkips | None = None
 
@@ -184,16 +213,21 @@ class Probe:
                 torch.cuda.reset_peak_memory_stats()
             before = torch.cuda.memory_allocated() if probe.cuda else 0
             profiling = phase in probe.profile_phases and len(probe.steps) + 1 == probe.profile_step
+            counting = phase in probe.profile_phases and len(probe.steps) + 1 == probe.census_step
+            census = OpCensus(probe.census_where) if counting else nullcontext()
             with torch.profiler.profile(activities=profiler_activities()) if profiling else nullcontext() as prof:
-                t0 = time.perf_counter()
-                result = original(*args, **kwargs)
-                probe.sync()
-                elapsed = time.perf_counter() - t0
+                with census:
+                    t0 = time.perf_counter()
+                    result = original(*args, **kwargs)
+                    probe.sync()
+                    elapsed = time.perf_counter() - t0
             rec = probe.current.setdefault(phase, {"s": 0.0, "peak_gib": 0.0, "calls": 0})
             rec["s"] += elapsed
             rec["calls"] += 1
             if profiling:
                 rec.setdefault("profile", []).append(profile_summary(prof.key_averages(), elapsed))
+            if counting:
+                rec.setdefault("census", []).append(census.summary())
             if probe.cuda:
                 rec["peak_gib"] = max(rec["peak_gib"], torch.cuda.max_memory_allocated() / 2**30)
                 rec["allocated_before_gib"] = before / 2**30
@@ -364,6 +398,7 @@ def summarise(args, config, counts, bw: float, peak: float, probe: Probe, metric
                 "rollout_mfu": round(roll.get("total", 0) / t_rollout / (peak * 1e12), 4) if peak == peak else None,
                 "rollout_flops_split": {k: f"{v:.3e}" for k, v in roll.items()},
                 "profile": {k: v["profile"] for k, v in ph.items() if "profile" in v},
+                "census": {k: v["census"] for k, v in ph.items() if "census" in v},
                 "cudagraphs_recorded": ph.get("cudagraphs", {}).get("recorded", 0) if probe.counts_cudagraphs else None,
                 "peak_gib": {k: round(v["peak_gib"], 2) for k, v in ph.items() if "peak_gib" in v},
                 "allocated_after_gib": {
@@ -472,6 +507,15 @@ def main(argv: list[str] | None = None) -> dict | None:
         "plain run's) and write what bounds them in its JSON (profile: device busy fraction, top kernels, CPU ops)",
     )
     p.add_argument("--profile-phases", default="rollout,update", help="comma-separated phases to profile")
+    p.add_argument(
+        "--census-step",
+        type=int,
+        default=0,
+        help="count the operators (GPU kernel launches) of this step's --profile-phases, views left out, into its "
+        "JSON (census: ops, top_ops); the count is the same on a CPU, so the 3b-narrow shape measures a 3B step's "
+        "launches without a GPU (its times are then not figures)",
+    )
+    p.add_argument("--census-where", default="", help="comma-separated operators whose call sites the census counts")
     p.add_argument("overrides", nargs="*", help="extra train-policy key=value overrides")
     args = p.parse_args(argv)
 
@@ -542,6 +586,7 @@ def main(argv: list[str] | None = None) -> dict | None:
     probe = Probe()
     probe.cudagraph_skips = CudagraphSkips.attach()  # the reasons behind ``cudagraph_skips``, into the JSON
     probe.profile_step, probe.profile_phases = args.profile_step, tuple(filter(None, args.profile_phases.split(",")))
+    probe.census_step, probe.census_where = args.census_step, tuple(filter(None, args.census_where.split(",")))
     probe.install(save=args.save)
     name = args.name or config_name(args)
     t0 = time.perf_counter()

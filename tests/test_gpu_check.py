@@ -17,7 +17,7 @@ def test_gpu_check_smoke_writes_its_json_and_no_checkpoint(tmp_path):
     args = ["--shape", "tiny", "--model-dir", str(tmp_path / "model"), "--steps", "2", "--prompts", "2"]
     args += ["--samples", "4", "--max-new-tokens", "6", "--image-tokens", "16", "--inference-copy", "on"]
     args += ["--micro-batch-tokens", "4096", "--json-dir", str(js), "--name", "smoke", "--out-dir", str(out)]
-    args += ["--profile-step", "2"]
+    args += ["--profile-step", "2", "--census-step", "2", "--census-where", "mm"]
     cmd = torchrun(str(REPO / "scripts" / "gpu_check.py"), *args, nproc=1)
     done = subprocess.run(cmd, env=subprocess_env(), capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -42,6 +42,11 @@ def test_gpu_check_smoke_writes_its_json_and_no_checkpoint(tmp_path):
     for (phase,) in profile.values():
         assert phase["kernel_launches"] == 0 and phase["device_busy_fraction"] is None and phase["top_kernels"] == []
         assert 0 < phase["cpu_self_s"] and {"aten::mm", "aten::addmm"} & {op["name"] for op in phase["top_cpu_ops"]}
+    # --census-step 2: that step's operators (a GPU's kernel launches), the update's products among them
+    assert result["steps"][0]["census"] == {} and set(result["steps"][1]["census"]) == {"rollout", "update"}
+    (update,) = result["steps"][1]["census"]["update"]
+    assert update["ops"] >= sum(update["top_ops"].values()) > 0 and update["top_ops"]["mm"] > 0
+    assert sum(update["sites"].values()) == update["top_ops"]["mm"]  # each product's call site, by --census-where
     assert not (out / "checkpoints").exists()  # neither a step's checkpoint nor the run's last
     assert (out / "metrics.jsonl").is_file()
 
@@ -105,6 +110,27 @@ def test_profile_summary_ranks_the_operators_a_phase_ran():
     assert 0 < ops[0]["s"] <= summary["wall_s"] and summary["wall_s"] == round(wall, 4)
     if not torch.cuda.is_available():
         assert summary["kernel_launches"] == 0 and summary["device_busy_fraction"] is None
+
+
+def test_op_census_counts_the_kernels_of_forward_and_backward_not_the_views():
+    """``gpu_figures.OpCensus`` over one linear layer's forward and backward: the product (``addmm``), the weight's
+    gradient (``mm``), the bias's (``sum``), the loss's ``sum`` and the ones its backward starts from, each once;
+    the views between them (the weight's transpose, the gradient's expansion, detaches) launch nothing and are not
+    counted. The call sites it is asked for name this file's line, not torch's."""
+    import sys
+
+    import torch
+
+    sys.path.insert(0, str(REPO / "scripts"))
+    from gpu_figures import OpCensus
+
+    layer, x = torch.nn.Linear(4, 3), torch.randn(2, 4)
+    with OpCensus(where=("addmm", "mm")) as census:
+        layer(x).sum().backward()
+    summary = census.summary()
+    assert summary["top_ops"] == {"addmm": 1, "mm": 1, "sum": 2, "ones_like": 1} and summary["ops"] == 5
+    assert {site.split(" at ")[1].split(":")[0] for site in summary["sites"]} == {"test_gpu_check.py"}
+    assert sorted(summary["sites"].values()) == [1, 1]
 
 
 def test_cudagraph_skips_collects_torch_s_skip_messages_by_their_first_line():

@@ -99,11 +99,28 @@ def test_guard_counts_skips_resets_on_a_good_step_and_stops_after_n_in_a_row():
     assert guard.skipped == 4
 
 
+def test_any_nonfinite_finds_nan_and_infinities_and_only_them():
+    """``any_nonfinite`` (the weights' check after each step and before each write): a NaN, +inf or -inf element in
+    any tensor of a list is found, in float32 and bf16 and in a tensor of one element; tensors whose absolute sum
+    overflows (3e38 + 3e38 in float32) while every element is finite are not flagged; empty tensors are skipped."""
+    from vlrft.strategies.base import any_nonfinite
+
+    g = torch.Generator().manual_seed(0)
+    finite = [torch.randn(5, 7, generator=g), torch.randn(3, generator=g).bfloat16(), torch.zeros(0), torch.ones(1)]
+    assert not any_nonfinite(finite) and not any_nonfinite([])
+    assert not any_nonfinite([torch.full((2,), 3e38), torch.tensor([-3e38, -3e38]), *finite])  # sums overflow
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        for i in (0, 1, 3):
+            tensors = [t.clone() for t in finite]
+            tensors[i].view(-1)[-1] = bad
+            assert any_nonfinite(tensors), (bad, i)
+
+
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
 def test_checkpoint_and_export_refuse_nonfinite_weights_and_write_nothing(tiny_model, tmp_path, bad):
     s = _strategy(tiny_model("qwen2_5_vl"))
     s.require_finite_weights("before")  # finite weights pass
-    with torch.no_grad():  # one element of the last parameter (the check reads each tensor's extremes)
+    with torch.no_grad():  # one element of the last parameter
         last = list(s.model.parameters())[-1]
         last.view(-1)[-1] = bad
     with pytest.raises(NonFiniteError, match="when saving checkpoint .*step-000001") as err:

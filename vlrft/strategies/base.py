@@ -192,6 +192,21 @@ def make_optimizer(params, cfg: OptimConfig) -> torch.optim.Optimizer:
     )
 
 
+def any_nonfinite(tensors: list[torch.Tensor]) -> bool:
+    """Whether an element of ``tensors`` is NaN or infinite, with one device sync for all of them. Each tensor's
+    absolute sum (``torch._foreach_norm(tensors, 1)``: on a GPU a few multi-tensor kernels for all the tensors, where
+    each tensor's extremes and their stack were two launches per tensor, 1,655 of the 21.5 k operators of a 3B update
+    step: docs/benchmarks.md) is NaN or infinite when one of its elements is, since NaN and infinities
+    propagate through sums. The absolute sum of a tensor whose elements are all finite can still overflow its dtype
+    (above 3.4e38 in float32, far beyond any trained weights), so a tensor so flagged is read again by its extremes,
+    which are finite exactly when all its elements are: only NaN and infinite elements count."""
+    tensors = [t for t in tensors if t.numel()]
+    if not tensors:
+        return False
+    flagged = (~torch.stack(torch._foreach_norm(tensors, 1)).isfinite()).nonzero().flatten().tolist()
+    return any(not bool(torch.stack(torch.aminmax(tensors[i])).isfinite().all()) for i in flagged)
+
+
 def mean_over_ranks(strategy: Any, metrics: dict[str, float], weight: float = 1.0, missing: str = "skip") -> dict:
     """Metrics averaged over the ranks, each rank's weighted by ``weight`` (its count of prompts, say), over the union
     of the ranks' keys (one collective shape everywhere). A key a rank lacks is left out of that key's mean
@@ -346,11 +361,7 @@ class Strategy:
     def require_finite_weights(self, where: str) -> None:
         """Raise :class:`NonFiniteError` (on every rank) when any trained parameter is NaN or infinite:
         nothing non-finite is ever written, and a run whose weights became so stops at once."""
-        # a tensor's smallest and largest elements are finite exactly when all are (NaN propagates through both): one
-        # reduction pass per tensor, where isfinite(t).all() writes and reads a mask (7x the time on CPU)
-        flags = [torch.stack(torch.aminmax(t)) for t in self._local_weights() if t.numel()]
-        bad = bool(flags) and not bool(torch.cat(flags).isfinite().all())  # one device sync for all parameters
-        if self._agree(bad):
+        if self._agree(any_nonfinite(list(self._local_weights()))):
             raise NonFiniteError(
                 f"model parameters are NaN or infinite {where} (optim.lr={self.optim_cfg.lr}, "
                 f"optim.eps={self.optim_cfg.eps}); nothing was written. Lower optim.lr, keep optim.eps > 0, "
