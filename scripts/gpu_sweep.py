@@ -13,6 +13,8 @@ so the same command continues a cut sweep. Configurations (each adds one item to
     keep        item 3 with the copy kept on the GPU during the update (rollout.hf.sleep_level=0)
     drop        item 3 with the copy's weights dropped during the update (rollout.hf.sleep_level=2)
     7b          the 7B shape, bf16 parameters and AdamW state, checkpointing, items 1-3, --steps steps
+    wide        ckpt with 4x the prompts (8 x 8 samples) in one micro-batch of 4x the budget: the update's host cost
+                per micro-batch (its kernel launches) does not grow with the tokens, so its MFU does
 
     python scripts/gpu_sweep.py --model-dir /tmp/m3b --json-dir gpu27 [--only before,copy] [--steps 3]
     python scripts/gpu_sweep.py --shape tiny --model-dir /tmp/mtiny --json-dir /tmp/sweep --steps 1   # a CPU smoke
@@ -60,6 +62,8 @@ def main() -> None:
     big = a.model_dir_7b or Path(f"{a.model_dir}-7b")
     configs["7b"] = [*ITEMS["tokens"], *budget, "--shape", "7b", "--model-dir", str(big)]
     configs["7b"] += ["--model-dtype", "bfloat16", "--gradient-checkpointing"]
+    configs["wide"] = [*ITEMS["ckpt"], "--shape", a.shape, "--model-dir", str(a.model_dir), "--prompts", "8"]
+    configs["wide"] += ["--micro-batch-tokens", str(4 * a.budget)]
     if a.shape == "tiny":
         del configs["7b"]
     names = [n for n in a.only.split(",") if n] or list(configs)
