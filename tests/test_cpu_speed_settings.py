@@ -12,7 +12,9 @@ import pytest
 
 # A child process (the setting is process-wide): page faults of ten 64 MiB tensors, each written and freed, before
 # and after a strategy of ``keep_freed_memory`` is made (after two more tensors: the first after the switch grows the
-# heap, and a small allocation carved out of the freed block can make the next grow it once more).
+# heap, and a small allocation carved out of the freed block can make the next grow it once more). After the switch
+# the fewest of three such rounds: the heap settles (a CI run beside a parallel suite saw three growths in one round),
+# where with mmap every round maps all ten afresh.
 _CHILD = """
 import json, resource, sys, torch
 from vlrft.strategies import StrategyConfig, make_strategy
@@ -27,7 +29,7 @@ def faults():
 
 first = faults()
 make_strategy(StrategyConfig(keep_freed_memory=sys.argv[1]))
-print(json.dumps([first, faults()]))
+print(json.dumps([first, min(faults() for _ in range(3))]))
 """
 
 
@@ -40,7 +42,8 @@ def test_a_cpu_strategy_keeps_freed_memory_so_tensors_do_not_page_fault_anew(set
     print(f"keep_freed_memory={setting}: page faults of ten 64 MiB tensors {before} before, {after} after")
     # glibc maps each 64 MiB tensor afresh (above its largest mmap threshold): 16 k faults of 4 KiB pages each, or 32
     # of 2 MiB where transparent huge pages are always on; kept memory is written without any (measured 0; a heap
-    # that grows once more, as under a parallel test run, costs one tensor's 16 k: a quarter leaves room for two)
+    # that grows once more, as under a parallel test run, costs one tensor's 16 k: a quarter leaves room for two in
+    # the settled round)
     assert before >= 10 * 32
     if setting == "auto":  # on CPU: on
         assert after * 4 < before
