@@ -83,22 +83,12 @@ SHAPES = {
     ),
     "3b": dict(hidden=2048, layers=36, heads=16, kv_heads=2, intermediate=11008, vocab=151936, tie=True, **VISION),
     "7b": dict(hidden=3584, layers=28, heads=28, kv_heads=4, intermediate=18944, vocab=152064, tie=False, **VISION),
-    # 3B's depth, heads, vision windows and full-attention blocks at a CPU's widths: the operators of a 3B step (its
-    # GPU kernel launches, --census-step) counted on a CPU
-    "3b-narrow": dict(
-        hidden=256,
-        layers=36,
-        heads=16,
-        kv_heads=2,
-        intermediate=512,
-        vocab=None,
-        tie=True,
-        vision_depth=32,
-        vision_hidden=256,
-        vision_heads=16,
-        vision_intermediate=512,
-    ),
 }
+# 3B's depth, heads, vision windows and full-attention blocks at a CPU's widths: the operators of a 3B step (its GPU
+# kernel launches, --census-step) counted on a CPU
+SHAPES["3b-narrow"] = dict(
+    SHAPES["3b"], hidden=256, intermediate=512, vocab=None, vision_hidden=256, vision_intermediate=512
+)
 
 
 # ----------------------------------------------------------------------------------------------- model
