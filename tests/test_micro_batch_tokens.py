@@ -7,22 +7,17 @@ from __future__ import annotations
 import pytest
 import torch
 from tolerance import assert_within
+from updates import capture_gradients, max_diff, policy_update
 
 import vlrft.models  # noqa: F401
 from data_pipelines.chat import chat_from_prompt
-from data_pipelines.collate import encode_prompt
 from data_pipelines.synthetic import make_preference_pairs, make_prompt_records
-from reward_models.pool import RewardPool
-from reward_models.scalar import ScalarRewardModel
 from vlrft.config import load_config
 from vlrft.micro_batching import PAD, budget_micro_batches, even_out, plan_micro_batches
 from vlrft.models.loading import load_model
-from vlrft.rollout import Rollout
 from vlrft.strategies import make_strategy
 from vlrft.supervised import train_step
 from vlrft.trainer.config import PolicyTrainConfig
-from vlrft.trainer.experience import group_rollouts, score_rollouts
-from vlrft.trainer.policy_trainer import PolicyTrainer
 from vlrft.trainer.supervised_config import DPOTrainConfig, SFTTrainConfig
 from vlrft.trainer.supervised_run import DPOTask, SFTTask
 
@@ -55,88 +50,6 @@ def test_even_out_splits_the_largest_then_pads():
     assert plan_micro_batches(single, [4, 4, 4], 8) == [[0, 1], [2]]  # one process: no evening out
 
 
-def _rollouts(records, tok, samples: int) -> list[Rollout]:
-    """Fixed responses of varied lengths (2 to 9 tokens): half name the answer."""
-    out, g = [], torch.Generator().manual_seed(1)
-    for gi, rec in enumerate(records):
-        for j in range(samples):
-            word = rec.answer if j % 2 == 0 else next(v for v in rec.metadata["vocabulary"] if v != rec.answer)
-            tail = torch.randint(0, 900, (j + 2 * (gi % 3),), generator=g)
-            ids = torch.cat([torch.tensor(tok(word)["input_ids"]), tail, torch.tensor([tok.eos_token_id])])
-            out.append(Rollout(gi, ids, tok.decode(ids, skip_special_tokens=True), "stop"))
-    return out
-
-
-def _capture(strategy, model, grads: dict) -> None:
-    """Keep the gradients the strategy is about to apply (``step`` clears them)."""
-    step = strategy.step
-
-    def keep_then_step():
-        grads.update({n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None})
-        return step()
-
-    strategy.step = keep_then_step
-
-
-def _policy_update(path, tmp_path, extra: list[str], critic: bool) -> tuple[dict, dict, int]:
-    """One on-policy update on fixed samples: (gradients, parameters after it, micro-batches run)."""
-    overrides = [
-        "rollout.rollout_batch_size=4",
-        "rollout.n_samples_per_prompt=4",
-        "train.micro_train_batch_size=3",
-        "optim.lr=1e-4",
-        "optim.eps=1e-4",
-        "strategy.grad_clip=0",
-        "algorithm.loss_agg_mode=token-mean",
-        f"train.output_dir={tmp_path}",
-        *extra,
-    ]
-    if critic:
-        overrides += ["algorithm.advantage_estimator=gae", "algorithm.std_normalization=none", "critic.lr=1e-4"]
-    cfg = load_config(PolicyTrainConfig, None, overrides)
-    strategy = make_strategy(cfg.strategy, cfg.optim)
-    torch.manual_seed(0)
-    model, proc = load_model(str(path))
-    value_model = None
-    if critic:
-        value_model = (ScalarRewardModel.from_backbone(path, seed=3), make_strategy(cfg.strategy, cfg.optim))
-    records = make_prompt_records("color", 4, seed=5)
-    trainer = PolicyTrainer(
-        cfg,
-        strategy,
-        model,
-        proc,
-        records,
-        RewardPool(cfg.reward),
-        accuracy=("accuracy", "vocab_answer"),
-        critic=value_model,
-    )
-    rollouts = _rollouts(records, proc.tokenizer, 4)
-    prompts = [encode_prompt(proc, r) for r in records]
-    combined, per_source, _ = score_rollouts(trainer.reward_pool, records, rollouts, trainer.cfg.tools)
-    exp = trainer.experience_from(group_rollouts(records, prompts, rollouts, combined, per_source), {})
-    grads: dict = {}
-    _capture(strategy, model, grads)
-    if critic:
-        _capture(value_model[1], value_model[0], critic_grads := {})
-    calls = []
-    forward = trainer._micro_loss
-    trainer._micro_loss = lambda *a: calls.append(1) or forward(*a)  # counts the micro-batches
-    metrics: dict = {}
-    trainer.train_on(exp, metrics)
-    assert all(v == v for v in metrics.values())
-    params = {n: p.detach().clone() for n, p in model.named_parameters()}
-    if critic:
-        grads.update({f"critic.{k}": v for k, v in critic_grads.items()})
-        params.update({f"critic.{n}": p.detach().clone() for n, p in value_model[0].named_parameters()})
-    return grads, params, len(calls)
-
-
-def _max_diff(a: dict, b: dict) -> float:
-    assert set(a) == set(b)
-    return max((a[k].double() - b[k].double()).abs().max().item() for k in a)
-
-
 @pytest.mark.parametrize(
     "forward, critic",
     [("shared", False), ("plain", False), ("shared", True)],
@@ -145,15 +58,15 @@ def _max_diff(a: dict, b: dict) -> float:
 def test_a_token_budget_gives_the_policy_update_of_fixed_micro_batches(tiny_model, tmp_path, forward, critic):
     path = tiny_model("qwen2_5_vl")
     shared = [f"train.shared_prompt_forward={str(forward == 'shared').lower()}"]
-    grads, params, fixed_calls = _policy_update(path, tmp_path / "fixed", shared, critic)
+    grads, params, fixed_calls = policy_update(path, tmp_path / "fixed", shared, critic)
     # prompts of 43 tokens, responses of 2 to 9: packed, a prompt and 1 to 3 of its responses per micro-batch;
     # plain, 2 rows of 45 to 52 tokens
     budget = "train.micro_batch_tokens=55" if forward == "shared" else "train.micro_batch_tokens=120"
-    grads_b, params_b, budget_calls = _policy_update(path, tmp_path / "budget", [*shared, budget], critic)
+    grads_b, params_b, budget_calls = policy_update(path, tmp_path / "budget", [*shared, budget], critic)
     assert fixed_calls == 6 and budget_calls not in (0, 6), budget_calls  # the cut differs from 16 / 3
     assert max(g.abs().max().item() for g in grads.values()) > 1e-4  # a real gradient
-    assert_within(_max_diff(grads, grads_b), BOUND, f"{forward} critic={critic}: max |gradient difference|")
-    assert_within(_max_diff(params, params_b), BOUND, f"{forward} critic={critic}: max |param difference|")
+    assert_within(max_diff(grads, grads_b), BOUND, f"{forward} critic={critic}: max |gradient difference|")
+    assert_within(max_diff(params, params_b), BOUND, f"{forward} critic={critic}: max |param difference|")
 
 
 def _supervised_update(path, kind: str, extra: list[str]) -> tuple[dict, dict]:
@@ -172,7 +85,7 @@ def _supervised_update(path, kind: str, extra: list[str]) -> tuple[dict, dict]:
         task = DPOTask(proc, cfg, strategy, ref)
         records = make_preference_pairs("color", 6, 2)
     grads: dict = {}
-    _capture(strategy, model, grads)
+    capture_gradients(strategy, model, grads)
     t = cfg.train
     metrics = train_step(strategy, task, records, t.micro_batch_size, micro_batch_tokens=t.micro_batch_tokens)
     assert metrics["loss"] == metrics["loss"]
@@ -185,5 +98,5 @@ def test_a_token_budget_gives_the_supervised_update_of_fixed_micro_batches(tiny_
     grads, params = _supervised_update(path, kind, ["train.micro_batch_size=2"])
     grads_b, params_b = _supervised_update(path, kind, [f"train.micro_batch_tokens={budget}"])
     assert max(g.abs().max().item() for g in grads.values()) > 1e-4
-    assert_within(_max_diff(grads, grads_b), BOUND, f"{kind}: max |gradient difference|")
-    assert_within(_max_diff(params, params_b), BOUND, f"{kind}: max |param difference|")
+    assert_within(max_diff(grads, grads_b), BOUND, f"{kind}: max |gradient difference|")
+    assert_within(max_diff(params, params_b), BOUND, f"{kind}: max |param difference|")
