@@ -412,8 +412,10 @@ def test_vision_towers_attend_through_varlen_sdpa_as_through_per_sequence_sdpa(t
     own = attention[0].config
     assert own._attn_implementation == VARLEN_SDPA
     # the model's own config keeps SDPA (what is saved, and what a model built from it gets; a name with "flash" in
-    # it would make transformers look for a flash kernel there), and so do the text layers
-    assert vision.config._attn_implementation == model.config.get_text_config()._attn_implementation == "sdpa"
+    # it would make transformers look for a flash kernel there), and so do the text layers; the tower holds the
+    # attention's copy (it computes the longest sequence once per forward for all its blocks)
+    assert model.config.vision_config._attn_implementation == model.config.get_text_config()._attn_implementation
+    assert model.config.get_text_config()._attn_implementation == "sdpa" and vision.config is own
     type(model)(model.config)
     images = [_image(4, (112, 84)), _image(5, (56, 140))]
     pixels = proc.image_processor(images=images, return_tensors="pt")

@@ -5,10 +5,11 @@ Run alone (single) or under ``torchrun --nproc_per_node=2`` (fsdp2, deepspeed). 
 on the global batch, losses are aggregated over the global token count. AdamW's eps is 1e-4 (not 1e-8), so
 that the update's slope in the gradient is bounded and the comparison is about the strategies, not about a
 CPU's float32 rounding (tests/test_policy_distributed.py derives its bound from it).
-Usage: python one_update.py MODEL_DIR OUT_FILE STRATEGY [ZERO_STAGE [FORWARD [BUDGET [uneven]]]]
+Usage: python one_update.py MODEL_DIR OUT_FILE STRATEGY [ZERO_STAGE [FORWARD [BUDGET [uneven|even [KEY=VALUE ...]]]]]
 FORWARD: shared (the default: each prompt computed once per group) or plain (train.shared_prompt_forward=false).
 BUDGET: train.micro_batch_tokens (0: fixed micro-batches of 3). uneven: the odd prompts' last sample is dropped,
 so with 2 ranks rank 1 holds 6 samples and rank 0 8 (the micro-batch counts differ unless evened out).
+KEY=VALUE: more train-policy overrides (e.g. strategy.compile_blocks=true).
 """
 
 import sys
@@ -38,7 +39,7 @@ def main() -> None:
         f"strategy.name={name}", f"strategy.zero_stage={stage}", "optim.lr=1e-3", "optim.eps=1e-4", "strategy.grad_clip=0",
         "rollout.rollout_batch_size=4", "rollout.n_samples_per_prompt=4", "train.micro_train_batch_size=3",
         "train.max_steps=1", "algorithm.loss_agg_mode=token-mean", "train.output_dir=/tmp/unused",
-        f"train.shared_prompt_forward={str(shared).lower()}", f"train.micro_batch_tokens={budget}",
+        f"train.shared_prompt_forward={str(shared).lower()}", f"train.micro_batch_tokens={budget}", *sys.argv[8:],
     ])
     strategy = make_strategy(cfg.strategy, cfg.optim)
     torch.manual_seed(0)

@@ -372,28 +372,29 @@ def varlen_sdpa(
 # built from a config, so the model's config keeps "sdpa".
 VARLEN_SDPA = "vlrft_varlen_sdpa_flash_api"
 
-ALL_ATTENTION_FUNCTIONS.register(PACKED_SDPA, packed_sdpa)
+# Eager inside a compiled block (``strategy.compile_blocks``): their layouts are Python data that differ at every step
+ALL_ATTENTION_FUNCTIONS.register(PACKED_SDPA, torch.compiler.disable(packed_sdpa))
 ALL_MASK_ATTENTION_FUNCTIONS.register(PACKED_SDPA, sdpa_mask)  # generation and plain rows: SDPA's own masks
-ALL_ATTENTION_FUNCTIONS.register(VARLEN_SDPA, varlen_sdpa)
+ALL_ATTENTION_FUNCTIONS.register(VARLEN_SDPA, torch.compiler.disable(varlen_sdpa))
 
 
 def use_varlen_vision_attention(model: torch.nn.Module) -> bool:
     """A Qwen-VL model whose vision tower attends with SDPA attends through :func:`varlen_sdpa` from now on: each
     vision attention module gets its own copy of the vision config naming it, the model's config (saved, or handed
-    to ``from_config``) keeps SDPA, and the text layers keep theirs. Whether its vision attention does (False for
-    text models, other implementations, and towers whose attention modules are not found)."""
+    to ``from_config``) keeps SDPA, and the text layers keep theirs. The tower gets that copy too, so that it
+    computes its sequences' longest length once per forward (two host syncs: whole images and windows) and hands
+    it to every block, where each block's attention computed it (a sync per block, and under
+    ``strategy.compile_blocks`` a graph break per block). Whether its vision attention does (False for text models,
+    other implementations, and towers whose attention modules are not found)."""
     vision = getattr(getattr(model, "config", None), "vision_config", None)
     if vision is None or getattr(vision, "_attn_implementation", None) not in (None, "sdpa"):
         return False
-    attention = [
-        m
-        for m in model.modules()
-        if type(m).__name__.endswith("VisionAttention") and getattr(m, "config", None) is vision
-    ]
+    holders = [m for m in model.modules() if getattr(m, "config", None) is vision and m is not model]
+    attention = [m for m in holders if type(m).__name__.endswith("VisionAttention")]
     if attention:
         own = copy.copy(vision)
         own._attn_implementation = VARLEN_SDPA
-        for module in attention:
+        for module in [*attention, *(m for m in holders if hasattr(m, "blocks"))]:
             module.config = own
     return bool(attention)
 

@@ -20,9 +20,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from vlrft.strategies.base import Strategy
-
-_BLOCK_CLASS_SUFFIXES = ("DecoderLayer", "VisionBlock")
+from vlrft.strategies.base import Strategy, transformer_blocks
 
 # torch >= 2.13 warns, on every run, when an FSDP2-wrapped module returns a view: an in-place op on that view
 # would drop the pre-backward hook (no all-gather for the backward). A Qwen-VL's output (transformers 5.2x) carries
@@ -30,11 +28,6 @@ _BLOCK_CLASS_SUFFIXES = ("DecoderLayer", "VisionBlock")
 # (indexing, log_softmax, gathers; those image features not at all) and the FSDP2 tests compare gradients with
 # single-process training, so the warning says nothing to our users and is not shown (tests/test_single_gpu_paths.py).
 _VIEW_WARNING = r"FSDP2-wrapped module \(.*\) returned a view tensor"
-
-
-def _blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The transformer blocks to shard one by one (decoder layers and vision blocks)."""
-    return [m for m in model.modules() if type(m).__name__.endswith(_BLOCK_CLASS_SUFFIXES)]
 
 
 class FSDP2Strategy(Strategy):
@@ -51,7 +44,7 @@ class FSDP2Strategy(Strategy):
             kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         if self.cfg.cpu_offload:
             kwargs["offload_policy"] = CPUOffloadPolicy()
-        for block in _blocks(model):
+        for block in transformer_blocks(model):
             fully_shard(block, **kwargs)
         fully_shard(model, **kwargs)
         return model
