@@ -33,6 +33,7 @@ TRL is not a dependency of vlrft; a venv of its own that reuses vlrft's packages
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -98,7 +99,7 @@ class PeakMemory:
             self._thread.join()
 
 
-def vlrft_trainer(model_dir: Path, out: Path, a: argparse.Namespace):
+def vlrft_trainer(model_dir: Path, out: Path, a: argparse.Namespace, extra: tuple[str, ...] = ()):
     from data_pipelines.synthetic import make_prompt_records
     from reward_models.pool import RewardPool
     from vlrft.config import load_config
@@ -126,6 +127,7 @@ def vlrft_trainer(model_dir: Path, out: Path, a: argparse.Namespace):
             f"train.shared_prompt_forward={str(a.shared).lower()}",
             f"rollout.engine={a.engine}",
             *a.overrides,
+            *extra,
         ],
     )
     strategy = make_strategy(cfg.strategy, cfg.optim)
@@ -272,7 +274,11 @@ def main() -> None:
     p.add_argument("--block", type=int, default=5, help="steps per alternating block")
     p.add_argument("--rounds", type=int, default=3, help="alternating rounds counted (after one warm-up round)")
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
-    p.add_argument("--sides", default="vlrft,trl", help="comma-separated: vlrft, trl")
+    p.add_argument(
+        "--sides",
+        default="vlrft,trl",
+        help="comma-separated: vlrft, trl, vlrft-compiled (vlrft with strategy.compile_blocks=true)",
+    )
     p.add_argument(
         "--no-shared", dest="shared", action="store_false", help="vlrft with train.shared_prompt_forward=false"
     )
@@ -284,7 +290,11 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="bench-grpo-"))
     model_dir = model_folder(tmp, a)
     params = sum(t.numel() for t in load_file(str(model_dir / "model.safetensors")).values())
-    makers = {"vlrft": vlrft_trainer, "trl": trl_trainer}
+    makers = {
+        "vlrft": vlrft_trainer,
+        "trl": trl_trainer,
+        "vlrft-compiled": functools.partial(vlrft_trainer, extra=("strategy.compile_blocks=true",)),
+    }
     runners = {k: makers[k](model_dir, tmp / k, a) for k in a.sides.split(",")}
     times: dict[str, list[float]] = {k: [] for k in runners}
     peaks: dict[str, int] = {k: 0 for k in runners}
@@ -327,8 +337,12 @@ def main() -> None:
             print(f"{'':>6}  phases (median ms): {parts}")
     if "trl" in med and "vlrft" in med:
         print(f"ratio trl / vlrft (median step time): {med['trl'] / med['vlrft']:.2f}x")
-    if phases.get("vlrft", {}).get("flops/update"):
-        efficiency(phases["vlrft"], a, AutoConfig.from_pretrained(model_dir), runners["vlrft"].rollout_dtype)
+    if "vlrft-compiled" in med and "vlrft" in med:
+        update = {k: statistics.median(phases[k]["time/update"]) for k in ("vlrft", "vlrft-compiled")}
+        print(f"ratio vlrft / vlrft-compiled (median update time): {update['vlrft'] / update['vlrft-compiled']:.2f}x")
+    for side in [k for k in runners if k.startswith("vlrft") and phases[k].get("flops/update")]:
+        print(f"[{side}]")
+        efficiency(phases[side], a, AutoConfig.from_pretrained(model_dir), runners[side].rollout_dtype)
 
 
 def efficiency(phases: dict[str, list[float]], a: argparse.Namespace, config, rollout_dtype: torch.dtype) -> None:

@@ -420,6 +420,7 @@ def summarise(args, config, counts, bw: float, peak: float, probe: Probe, metric
             "shape": args.shape,
             "strategy": args.strategy + (f"-zero{args.zero_stage}" if args.strategy == "deepspeed" else ""),
             "gradient_checkpointing": args.gradient_checkpointing,
+            "compile_blocks": args.compile_blocks,
             "cpu_offload": args.cpu_offload,
             "param_dtype": args.model_dtype,
             "mixed_precision": args.mixed_precision,
@@ -466,6 +467,7 @@ def main(argv: list[str] | None = None) -> dict | None:
     p.add_argument("--strategy", choices=("fsdp2", "deepspeed", "single"), default="fsdp2")
     p.add_argument("--zero-stage", type=int, default=3)
     p.add_argument("--gradient-checkpointing", action="store_true")
+    p.add_argument("--compile-blocks", action="store_true", help="strategy.compile_blocks (torch.compile per block)")
     p.add_argument("--cpu-offload", action="store_true")
     p.add_argument(
         "--model-dtype",
@@ -561,6 +563,7 @@ def main(argv: list[str] | None = None) -> dict | None:
         f"rollout.hf.sleep_level={args.sleep_level}",
         f"train.micro_batch_tokens={args.micro_batch_tokens}",
         f"strategy.gradient_checkpointing={str(args.gradient_checkpointing).lower()}",
+        f"strategy.compile_blocks={str(args.compile_blocks).lower()}",
         f"strategy.cpu_offload={str(args.cpu_offload).lower()}",
         "optim.lr=1e-6",
         "logging.tensorboard=false",
@@ -610,7 +613,7 @@ def config_name(args) -> str:
     """A file name for a configuration: shape, strategy and the options of issue 27's items."""
     parts = [args.shape, args.strategy, f"mp-{args.mixed_precision}", f"copy-{args.inference_copy}"]
     parts += [f"compile-{args.compile}", f"tokens-{args.micro_batch_tokens}", f"micro-{args.micro_train_batch}"]
-    parts += ["ckpt"] * args.gradient_checkpointing + [args.model_dtype]
+    parts += ["ckpt"] * args.gradient_checkpointing + ["blocks"] * args.compile_blocks + [args.model_dtype]
     return "_".join(parts)
 
 

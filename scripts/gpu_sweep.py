@@ -15,6 +15,8 @@ so the same command continues a cut sweep. Configurations (each adds one item to
     7b          the 7B shape, bf16 parameters and AdamW state, checkpointing, items 1-3, --steps steps
     wide        ckpt with 4x the prompts (8 x 8 samples) in one micro-batch of 4x the budget: the update's host cost
                 per micro-batch (its kernel launches) does not grow with the tokens, so its MFU does
+    blocks      tokens with each transformer block compiled (strategy.compile_blocks): the update's element-wise
+                operators fused, fewer launches at the same tokens
 
     python scripts/gpu_sweep.py --model-dir /tmp/m3b --json-dir gpu27 [--only before,copy] [--steps 3]
     python scripts/gpu_sweep.py --shape tiny --model-dir /tmp/mtiny --json-dir /tmp/sweep --steps 1   # a CPU smoke
@@ -40,6 +42,7 @@ ITEMS["fp32"] = ITEMS["tokens"][:-2] + ["--mixed-precision", "no"]
 ITEMS["ckpt"] = ITEMS["tokens"] + ["--gradient-checkpointing"]
 ITEMS["keep"] = ITEMS["tokens"] + ["--sleep-level", "0"]
 ITEMS["drop"] = ITEMS["tokens"] + ["--sleep-level", "2"]
+ITEMS["blocks"] = ITEMS["tokens"] + ["--compile-blocks"]
 
 
 def main() -> None:
@@ -57,7 +60,7 @@ def main() -> None:
     a = p.parse_args()
     configs = {k: [*v, "--shape", a.shape, "--model-dir", str(a.model_dir)] for k, v in ITEMS.items()}
     budget = ["--micro-batch-tokens", str(a.budget)]
-    for k in ("tokens", "fp32", "ckpt", "keep", "drop"):
+    for k in ("tokens", "fp32", "ckpt", "keep", "drop", "blocks"):
         configs[k] += budget
     big = a.model_dir_7b or Path(f"{a.model_dir}-7b")
     configs["7b"] = [*ITEMS["tokens"], *budget, "--shape", "7b", "--model-dir", str(big)]
