@@ -71,21 +71,31 @@ def test_two_ranks_equal_one_process(tiny_model, tmp_path, single_update, strate
     assert single_update["metrics"]["policy/clip_fraction"] == 0.0
 
 
-@pytest.mark.slow  # about 3 minutes on a 2-core CPU (two processes compiling): kept out of the default suite's time
+@pytest.mark.slow  # about 3 minutes each on a 2-core CPU (two processes compiling): kept out of the default suite
 @pytest.mark.distributed
-def test_fsdp2_with_compiled_blocks_equals_one_eager_process(tiny_model, tmp_path, single_update):
-    """``strategy.compile_blocks`` under FSDP2 on 2 ranks: each block's compiled forward runs between FSDP2's
-    gather and reshard hooks, and the update is the one eager process's (the bound above: the compiled blocks'
-    float32 roundings, tests/test_compile_blocks.py, are of the size of the reduction orders' ones)."""
-    out = tmp_path / "fsdp2-compiled.pt"
+@pytest.mark.parametrize("strategy, stage", [("fsdp2", "2"), ("deepspeed", "3")])
+def test_compiled_blocks_on_two_ranks_equal_one_eager_process(tiny_model, tmp_path, single_update, strategy, stage):
+    """``strategy.compile_blocks`` under FSDP2 and ZeRO-3 on 2 ranks: each block's compiled forward runs between the
+    strategy's gather and release hooks, and the update is the one eager process's (the bound above: the compiled
+    blocks' float32 roundings, tests/test_compile_blocks.py, are of the size of the reduction orders' ones)."""
+    out = tmp_path / f"{strategy}-compiled.pt"
     _run(
-        [str(tiny_model("qwen2_5_vl")), str(out), "fsdp2", "2", "shared", "0", "even", "strategy.compile_blocks=true"],
+        [
+            str(tiny_model("qwen2_5_vl")),
+            str(out),
+            strategy,
+            stage,
+            "shared",
+            "0",
+            "even",
+            "strategy.compile_blocks=true",
+        ],
         2,
     )
     ref, got = single_update["state"], torch.load(out)["state"]
     assert set(got) == set(ref)
     diff = max((got[k].double() - ref[k].double()).abs().max().item() for k in ref)
-    assert_within(diff, 1e-5, "fsdp2 with compiled blocks: max |param difference| after one Adam step")
+    assert_within(diff, 1e-5, f"{strategy} with compiled blocks: max |param difference| after one Adam step")
 
 
 @pytest.fixture(scope="module")
