@@ -389,7 +389,7 @@ def use_varlen_vision_attention(model: torch.nn.Module) -> bool:
     vision = getattr(getattr(model, "config", None), "vision_config", None)
     if vision is None or getattr(vision, "_attn_implementation", None) not in (None, "sdpa"):
         return False
-    holders = [m for m in model.modules() if getattr(m, "config", None) is vision and m is not model]
+    holders = [m for m in model.modules() if getattr(m, "config", None) is vision]  # the tower and its attention
     attention = [m for m in holders if type(m).__name__.endswith("VisionAttention")]
     if attention:
         own = copy.copy(vision)
