@@ -17,6 +17,8 @@ so the same command continues a cut sweep. Configurations (each adds one item to
                 per micro-batch (its kernel launches) does not grow with the tokens, so its MFU does
     blocks      tokens with each transformer block compiled (strategy.compile_blocks): the update's element-wise
                 operators fused, fewer launches at the same tokens
+    ckpt-blocks ckpt with compiled blocks (each checkpointed around its compiled forward): what fits an 80 GB card
+    wide-blocks wide with compiled blocks: the most tokens per launch
 
     python scripts/gpu_sweep.py --model-dir /tmp/m3b --json-dir gpu27 [--only before,copy] [--steps 3]
     python scripts/gpu_sweep.py --shape tiny --model-dir /tmp/mtiny --json-dir /tmp/sweep --steps 1   # a CPU smoke
@@ -43,6 +45,7 @@ ITEMS["ckpt"] = ITEMS["tokens"] + ["--gradient-checkpointing"]
 ITEMS["keep"] = ITEMS["tokens"] + ["--sleep-level", "0"]
 ITEMS["drop"] = ITEMS["tokens"] + ["--sleep-level", "2"]
 ITEMS["blocks"] = ITEMS["tokens"] + ["--compile-blocks"]
+ITEMS["ckpt-blocks"] = ITEMS["ckpt"] + ["--compile-blocks"]
 
 
 def main() -> None:
@@ -60,13 +63,14 @@ def main() -> None:
     a = p.parse_args()
     configs = {k: [*v, "--shape", a.shape, "--model-dir", str(a.model_dir)] for k, v in ITEMS.items()}
     budget = ["--micro-batch-tokens", str(a.budget)]
-    for k in ("tokens", "fp32", "ckpt", "keep", "drop", "blocks"):
+    for k in ("tokens", "fp32", "ckpt", "keep", "drop", "blocks", "ckpt-blocks"):
         configs[k] += budget
     big = a.model_dir_7b or Path(f"{a.model_dir}-7b")
     configs["7b"] = [*ITEMS["tokens"], *budget, "--shape", "7b", "--model-dir", str(big)]
     configs["7b"] += ["--model-dtype", "bfloat16", "--gradient-checkpointing"]
     configs["wide"] = [*ITEMS["ckpt"], "--shape", a.shape, "--model-dir", str(a.model_dir), "--prompts", "8"]
     configs["wide"] += ["--micro-batch-tokens", str(4 * a.budget)]
+    configs["wide-blocks"] = [*configs["wide"], "--compile-blocks"]
     if a.shape == "tiny":
         del configs["7b"]
     names = [n for n in a.only.split(",") if n] or list(configs)

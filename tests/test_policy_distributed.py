@@ -73,11 +73,17 @@ def test_two_ranks_equal_one_process(tiny_model, tmp_path, single_update, strate
 
 @pytest.mark.slow  # about 3 minutes each on a 2-core CPU (two processes compiling): kept out of the default suite
 @pytest.mark.distributed
-@pytest.mark.parametrize("strategy, stage", [("fsdp2", "2"), ("deepspeed", "3")])
-def test_compiled_blocks_on_two_ranks_equal_one_eager_process(tiny_model, tmp_path, single_update, strategy, stage):
-    """``strategy.compile_blocks`` under FSDP2 and ZeRO-3 on 2 ranks: each block's compiled forward runs between the
-    strategy's gather and release hooks, and the update is the one eager process's (the bound above: the compiled
-    blocks' float32 roundings, tests/test_compile_blocks.py, are of the size of the reduction orders' ones)."""
+@pytest.mark.parametrize(
+    "strategy, stage, checkpointing", [("fsdp2", "2", "true"), ("deepspeed", "3", "false")], ids=["fsdp2", "zero3"]
+)
+def test_compiled_blocks_on_two_ranks_equal_one_eager_process(
+    tiny_model, tmp_path, single_update, strategy, stage, checkpointing
+):
+    """``strategy.compile_blocks`` under FSDP2 (with gradient checkpointing: the backward recomputes each compiled
+    block between FSDP2's gather and release, as a 3B model on one 80 GB card trains) and ZeRO-3 on 2 ranks: each
+    block's compiled forward runs between the strategy's gather and release hooks, and the update is the one eager
+    process's (the bound above: the compiled blocks' float32 roundings, tests/test_compile_blocks.py, are of the
+    size of the reduction orders' ones)."""
     out = tmp_path / f"{strategy}-compiled.pt"
     _run(
         [
@@ -89,6 +95,7 @@ def test_compiled_blocks_on_two_ranks_equal_one_eager_process(tiny_model, tmp_pa
             "0",
             "even",
             "strategy.compile_blocks=true",
+            f"strategy.gradient_checkpointing={checkpointing}",
         ],
         2,
     )

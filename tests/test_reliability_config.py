@@ -52,15 +52,6 @@ def test_a_value_out_of_range_names_key_value_and_rule(override, message):
     assert _refused([override]) == message
 
 
-def test_compiled_blocks_refuse_gradient_checkpointing():
-    """The checkpoint would run the compiled blocks eagerly (measured: no graph compiled, the eager gradients bit for
-    bit), so the combination is refused before the model loads instead of running uncompiled."""
-    overrides = ["strategy.compile_blocks=true", "strategy.gradient_checkpointing=true"]
-    with pytest.raises(ConfigError, match=r"strategy.compile_blocks=true with strategy.gradient_checkpointing=true"):
-        load_config(PolicyTrainConfig, None, overrides)
-    assert load_config(PolicyTrainConfig, None, overrides[:1]).strategy.compile_blocks
-
-
 @pytest.mark.parametrize("estimator", ["grpo", "rloo", "cpgd", "reinforce_plus_plus_baseline"])
 def test_group_estimators_refuse_one_sample_per_prompt(estimator):
     msg = _refused([f"algorithm.advantage_estimator={estimator}", "rollout.n_samples_per_prompt=1"])

@@ -11,7 +11,9 @@ from __future__ import annotations
 import atexit
 import copy
 import ctypes
+import functools
 import importlib
+import inspect
 import math
 import os
 import random
@@ -52,8 +54,8 @@ class StrategyConfig:
         False,
         "compile each transformer block's forward (decoder layers, vision blocks) with torch.compile (inductor): "
         "fused element-wise kernels, fewer launches per step; attention and decoding with a KV cache stay eager; "
-        "the first steps compile (tens of seconds), float rounding differs from eager within a few ulps; not with "
-        "gradient_checkpointing (the checkpoint would run the blocks eagerly)",
+        "the first steps compile (tens of seconds), float rounding differs from eager within a few ulps; with "
+        "gradient_checkpointing each compiled block is checkpointed (its backward recomputes it compiled)",
     )
     freeze_vision_tower: bool = option(False, "train only the language model (vision encoder frozen)")
     lora_rank: int = option(0, "LoRA rank through peft (0: full fine-tuning)")
@@ -82,11 +84,6 @@ class StrategyConfig:
         return self.mixed_precision == "bf16" or (self.mixed_precision == "auto" and torch.cuda.is_available())
 
     def validate(self) -> None:
-        if self.compile_blocks and self.gradient_checkpointing:
-            raise ValueError(
-                "strategy.compile_blocks=true with strategy.gradient_checkpointing=true: a checkpointed block runs "
-                "eagerly under torch.compile (its recompute would not be compiled); choose one"
-            )
         if self.grad_clip < 0:
             raise ValueError(f"grad_clip must be >= 0, got {self.grad_clip}")
         if self.timeout_s <= 0 or self.heartbeat_timeout_s < 0:
@@ -234,14 +231,34 @@ _COMPILED_FORWARDS: dict[type, Any] = {}
 
 
 def _compiled_forward(block: torch.nn.Module, *args, **kwargs):
-    """A block's forward as :func:`compile_blocks` sets it: compiled, or eager when called with a KV cache."""
+    """A block's forward as :func:`compile_blocks` sets it: compiled, or eager when called with a KV cache; under
+    gradient checkpointing the compiled forward checkpointed (:func:`_own_forward`)."""
     forward = type(block).forward  # FSDP2's subclass of the block's class (``fully_shard``) has its own
     if kwargs.get("cache") is not None or kwargs.get("past_key_values") is not None:
         return forward(block, *args, **kwargs)
+    own = _own_forward(forward)
     compiled = _COMPILED_FORWARDS.get(type(block))
     if compiled is None:
-        compiled = _COMPILED_FORWARDS[type(block)] = torch.compile(forward, dynamic=True)
+        compiled = _COMPILED_FORWARDS[type(block)] = torch.compile(own, dynamic=True)
+    if own is not forward and getattr(block, "gradient_checkpointing", False) and block.training:
+        if torch.is_grad_enabled():  # what transformers' wrapper does, around the compiled forward
+            return block._gradient_checkpointing_func(functools.partial(compiled, block, **kwargs), *args)
     return compiled(block, *args, **kwargs)
+
+
+def _own_forward(forward: Any) -> Any:
+    """A block class's forward without transformers' activation checkpointing wrappers (``forward_with_checkpointing``,
+    which transformers >= 5.2x puts around every layer class's forward, once per subclass such as FSDP2's): inside a
+    compiled function dynamo traces ``torch.utils.checkpoint`` as one graph, which the eager attention in a block
+    breaks, and then runs the checkpoint, the whole block, eagerly (measured: no graph compiled at all). So the
+    checkpoint goes around the compiled forward instead, as earlier transformers put it around ``__call__``; the
+    recompute in the backward runs the compiled forward again. Other wrappers (decorators) stay."""
+    return inspect.unwrap(
+        forward, stop=lambda f: getattr(f, "__code__", None) is None or f.__code__.co_name != _HF_CKPT
+    )
+
+
+_HF_CKPT = "forward_with_checkpointing"  # transformers.modeling_layers.GradientCheckpointingLayer's wrapper
 
 
 def any_nonfinite(tensors: list[torch.Tensor]) -> bool:
