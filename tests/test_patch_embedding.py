@@ -1,0 +1,72 @@
+"""Qwen-VL vision towers embed their patches with a matrix product (``use_linear_patch_embedding``, applied by
+``load_model``): the output and the gradients of the convolution it replaces, each within the rounding that any order
+of the same float32 sums allows, against float64."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tolerance import assert_within
+
+from vlrft.models.group_forward import _patch_product, use_linear_patch_embedding
+from vlrft.models.loading import load_model
+
+U = 2.0**-24  # float32's unit roundoff
+
+
+def dot_bound(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Higham (Accuracy and Stability of Numerical Algorithms, 2nd ed., eq. 3.5): a float32 dot product of K terms,
+    summed in any order, is within gamma_K * sum |a_i b_i| of the exact one, gamma_K = K u / (1 - K u); so each entry
+    of ``a @ b`` (K = a's last dimension), whatever kernel computes it."""
+    k = a.shape[-1]
+    return k * U / (1 - k * U) * (a.abs().double() @ b.abs().double())
+
+
+def patch_embeddings(model: torch.nn.Module) -> list[torch.nn.Module]:
+    return [m for m in model.modules() if type(m).__name__.endswith("PatchEmbed")]
+
+
+@pytest.mark.parametrize("arch", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
+def test_the_linear_patch_embedding_gives_the_convolutions_output_and_gradients(tiny_model, arch):
+    model, _ = load_model(tiny_model(arch))
+    (embed,) = patch_embeddings(model)
+    assert embed.proj.forward.__func__ is _patch_product  # load_model switched it
+    weight = embed.proj.weight  # [embed, C, T, P, P]: the convolution's parameter, unchanged
+    assert weight.dim() == 5 and "proj.weight" in dict(embed.named_parameters())
+    k = weight[0].numel()
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(97, k, generator=g, requires_grad=True)  # 97 patches, as the processor flattens them
+    grad_out = torch.randn(97, weight.shape[0], generator=g)
+    out = embed(x)
+    (dx, dw) = torch.autograd.grad(out, (x, weight), grad_out)
+    # float64 reference: the convolution itself on float64 copies
+    x64, w64 = x.detach().double().requires_grad_(), weight.detach().double().requires_grad_()
+    b64 = None if embed.proj.bias is None else embed.proj.bias.detach().double()
+    patches = x64.view(-1, *weight.shape[1:])
+    ref = torch.nn.functional.conv3d(patches, w64, b64, stride=embed.proj.stride).view(97, -1)
+    ref_dx, ref_dw = torch.autograd.grad(ref, (x64, w64), grad_out.double())
+    w2 = weight.detach().flatten(1)  # [embed, K]
+    checks = [
+        ("output", out, ref, dot_bound(x.detach(), w2.t())),  # K = C*T*P*P terms
+        ("input gradient", dx, ref_dx, dot_bound(grad_out, w2)),  # embed terms
+        ("weight gradient", dw.flatten(1), ref_dw.flatten(1), dot_bound(grad_out.t(), x.detach())),  # 97 terms
+    ]
+    for what, got, exact, bound in checks:
+        assert exact.abs().max() > 1e-3  # a real value
+        # float64's own rounding (2^-53 relative per operation) is far below float32's: a 1e-12 slack covers it
+        share = ((got.double() - exact).abs() / (bound + 1e-12)).max().item()
+        assert_within(share, 1.0, f"{arch} linear patch embedding: {what} error / its worst-case float32 bound")
+
+
+class OverlappingPatchEmbed(torch.nn.Module):
+    """Named like a patch embedding, but its patches overlap (stride 2, kernel 4): a convolution, not a product."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Conv3d(3, 8, kernel_size=(2, 4, 4), stride=(2, 2, 2))
+
+
+def test_text_models_and_overlapping_patches_are_left_alone(tiny_model):
+    model, _ = load_model(tiny_model("qwen2"))
+    assert use_linear_patch_embedding(model) == 0
+    assert use_linear_patch_embedding(OverlappingPatchEmbed()) == 0
