@@ -33,7 +33,6 @@ generation included); eager attention keeps the dense 4-D mask, which also rides
 from __future__ import annotations
 
 import copy
-import types
 from dataclasses import dataclass
 from typing import Any
 
@@ -398,43 +397,6 @@ def use_varlen_vision_attention(model: torch.nn.Module) -> bool:
         for module in [*attention, *(m for m in holders if hasattr(m, "blocks"))]:
             module.config = own
     return bool(attention)
-
-
-def use_linear_patch_embedding(model: torch.nn.Module) -> int:
-    """A Qwen-VL vision tower's patch embedding computed as the matrix product it is. Its ``Conv3d`` has its kernel
-    as its stride, no padding, no dilation, no groups, and is given whole patches (``[patches, channels, temporal,
-    patch, patch]``): each goes in whole and one vector comes out, so the convolution is ``F.linear`` of the flattened
-    patches with the kernel flattened to ``[embed, channels * temporal * patch * patch]``: the same products, summed in
-    the GEMM's order instead of the convolution's. Convolution algorithms for this shape are slow on some GPUs and
-    dtypes (transformers issue 45750: a cuDNN Conv3d 50,000x slower than the equivalent linear on Blackwell in bf16;
-    vLLM and SGLang compute it as a linear), and on a CPU the convolution took 106 ms forward and backward at the
-    bench's images where the product takes 23 (docs/group-forward.md). The convolution module stays, with its
-    parameter (``proj.weight``, 5-D, under its name) and its hooks, which DeepSpeed ZeRO-3 gathers the weight in: only
-    its forward is the product, so checkpoints, the weight stream to vLLM and the strategies see the model unchanged
-    (transformers' own ``fusion_config={"patch_embeddings": True}`` renames it). Returns the number switched."""
-    switched = 0
-    for module in model.modules():
-        proj = getattr(module, "proj", None)
-        if (
-            type(module).__name__.endswith("PatchEmbed")
-            and isinstance(proj, torch.nn.Conv3d)
-            and tuple(proj.stride) == tuple(proj.kernel_size)
-            and tuple(proj.padding) == (0, 0, 0)
-            and tuple(proj.dilation) == (1, 1, 1)
-            and proj.groups == 1
-        ):
-            proj.forward = types.MethodType(_patch_product, proj)
-            switched += 1
-    return switched
-
-
-def _patch_product(conv: torch.nn.Conv3d, patches: torch.Tensor) -> torch.Tensor:
-    """A patch embedding's convolution (:func:`use_linear_patch_embedding`) on whole patches ``[N, C, T, P, P]``:
-    ``[N, embed, 1, 1, 1]``, as the convolution returns. Inputs of other extents go to the convolution itself."""
-    if tuple(patches.shape[2:]) != tuple(conv.kernel_size):
-        return type(conv).forward(conv, patches)
-    out = torch.nn.functional.linear(patches.flatten(1), conv.weight.flatten(1), conv.bias)
-    return out[:, :, None, None, None]
 
 
 def sample_images(batch: dict[str, torch.Tensor], idx: list[int]) -> dict[str, torch.Tensor]:
