@@ -227,7 +227,8 @@ def compile_blocks(model: torch.nn.Module) -> int:
     return len(blocks)
 
 
-_COMPILED_FORWARDS: dict[type, Any] = {}
+# per block class: (whether its forward was unwrapped from transformers' checkpointing, the compiled own forward)
+_COMPILED_FORWARDS: dict[type, tuple[bool, Any]] = {}
 
 
 def _compiled_forward(block: torch.nn.Module, *args, **kwargs):
@@ -236,13 +237,13 @@ def _compiled_forward(block: torch.nn.Module, *args, **kwargs):
     forward = type(block).forward  # FSDP2's subclass of the block's class (``fully_shard``) has its own
     if kwargs.get("cache") is not None or kwargs.get("past_key_values") is not None:
         return forward(block, *args, **kwargs)
-    own = _own_forward(forward)
-    compiled = _COMPILED_FORWARDS.get(type(block))
-    if compiled is None:
-        compiled = _COMPILED_FORWARDS[type(block)] = torch.compile(own, dynamic=True)
-    if own is not forward and getattr(block, "gradient_checkpointing", False) and block.training:
-        if torch.is_grad_enabled():  # what transformers' wrapper does, around the compiled forward
-            return block._gradient_checkpointing_func(functools.partial(compiled, block, **kwargs), *args)
+    if type(block) not in _COMPILED_FORWARDS:
+        own = _own_forward(forward)
+        _COMPILED_FORWARDS[type(block)] = (own is not forward, torch.compile(own, dynamic=True))
+    unwrapped, compiled = _COMPILED_FORWARDS[type(block)]
+    checkpointed = getattr(block, "gradient_checkpointing", False) and block.training and torch.is_grad_enabled()
+    if unwrapped and checkpointed:  # what transformers' wrapper does, around the compiled forward
+        return block._gradient_checkpointing_func(functools.partial(compiled, block, **kwargs), *args)
     return compiled(block, *args, **kwargs)
 
 
