@@ -101,11 +101,9 @@ def measure(a: argparse.Namespace) -> dict:
 def _map_every_large_allocation() -> None:
     """glibc's malloc maps each allocation of 128 KiB or more afresh and unmaps it when freed (a fixed
     ``M_MMAP_THRESHOLD``, which glibc would otherwise raise as large blocks are freed, keeping them in the heap)."""
-    import ctypes
+    from vlrft.strategies.base import M_MMAP_THRESHOLD, mallopt
 
-    mallopt = getattr(ctypes.CDLL(None), "mallopt", None)
-    if mallopt is not None:
-        mallopt(-3, 128 * 1024)  # M_MMAP_THRESHOLD (malloc.h)
+    mallopt(M_MMAP_THRESHOLD, 128 * 1024)
 
 
 def main() -> None:

@@ -123,7 +123,13 @@ def init_distributed(backend: str | None = None, timeout_s: float = 1800.0) -> t
 
 
 # glibc's mallopt parameters (malloc.h)
-_M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_MMAP_MAX = -1, -3, -4
+
+
+def mallopt(param: int, value: int) -> bool:
+    """glibc's ``mallopt(param, value)``; False where the C library has none (macOS) or refuses the value."""
+    call = getattr(ctypes.CDLL(None), "mallopt", None)
+    return call is not None and bool(call(param, value))
 
 
 def keep_freed_memory() -> bool:
@@ -136,10 +142,7 @@ def keep_freed_memory() -> bool:
     keeps its peak memory, as PyTorch's CUDA caching allocator does on a GPU; jemalloc or tcmalloc through
     ``LD_PRELOAD`` (PyTorch's CPU tuning guide) do the same job. Returns whether it applied (False where the C
     library has no ``mallopt``: macOS, or musl's, which ignores it)."""
-    mallopt = getattr(ctypes.CDLL(None), "mallopt", None)
-    if mallopt is None:
-        return False
-    return bool(mallopt(_M_MMAP_MAX, 0)) and bool(mallopt(_M_TRIM_THRESHOLD, 2**31 - 1))
+    return mallopt(M_MMAP_MAX, 0) and mallopt(M_TRIM_THRESHOLD, 2**31 - 1)
 
 
 def _destroy_process_group() -> None:
