@@ -33,6 +33,7 @@ generation included); eager attention keeps the dense 4-D mask, which also rides
 from __future__ import annotations
 
 import copy
+import types
 from dataclasses import dataclass
 from typing import Any
 
@@ -397,6 +398,60 @@ def use_varlen_vision_attention(model: torch.nn.Module) -> bool:
         for module in [*attention, *(m for m in holders if hasattr(m, "blocks"))]:
             module.config = own
     return bool(attention)
+
+
+PATCH_PRODUCT_DEVICES = frozenset({"cuda"})  # where a patch embedding computes as a matrix product (below)
+
+
+def use_linear_patch_embedding(model: torch.nn.Module) -> int:
+    """A Qwen-VL vision tower's patch embedding computed as the matrix product it is, on the devices of
+    ``PATCH_PRODUCT_DEVICES``. Its ``Conv3d`` has its kernel as its stride, no padding, no dilation, no groups, and is
+    given whole patches (``[patches, channels, temporal, patch, patch]``): each goes in whole and one vector comes out,
+    so the convolution is ``F.linear`` of the flattened patches with the kernel flattened to ``[embed, channels *
+    temporal * patch * patch]``: the same products, summed in the GEMM's order instead of the convolution's (Higham's
+    dot-product bound holds for both; tests/test_patch_embedding.py).
+
+    Why on CUDA: cuDNN's algorithms for this shape are pathological in some versions and dtypes (transformers
+    issue 45750: 50,000x the linear's time on Blackwell in bf16; SGLang-Omni measured 3.7 s a call on an H100 in bf16;
+    NVIDIA TAO replaced it where cuDNN 9.20 lacks the bf16 engine its backward needs); vLLM and SGLang compute it as a
+    linear. On a CPU the product is faster too (106 -> 23 ms at the CPU bench's images), but the convolution stays:
+    the CPU learning proofs were measured on its rounding, and three of them left their trajectories with the product
+    (docs/benchmarks.md, "Tried and reverted"). The decision is made at each call from the patches' device, so a
+    model loaded on the CPU and moved to a GPU by a strategy computes the product there.
+
+    The convolution module stays, with its parameter (``proj.weight``, 5-D, under its name) and its hooks, which
+    DeepSpeed ZeRO-3 gathers the weight in: only its forward changes, so checkpoints, the weight stream to vLLM and the
+    strategies see the model unchanged (transformers' own ``fusion_config={"patch_embeddings": True}`` renames it).
+    Returns the number switched."""
+    switched = 0
+    for module in model.modules():
+        proj = getattr(module, "proj", None)
+        if (
+            type(module).__name__.endswith("PatchEmbed")
+            and isinstance(proj, torch.nn.Conv3d)
+            and tuple(proj.stride) == tuple(proj.kernel_size)
+            and tuple(proj.padding) == (0, 0, 0)
+            and tuple(proj.dilation) == (1, 1, 1)
+            and proj.groups == 1
+        ):
+            proj.forward = types.MethodType(_patch_embedding_forward, proj)
+            switched += 1
+    return switched
+
+
+def patch_product(conv: torch.nn.Conv3d, patches: torch.Tensor) -> torch.Tensor:
+    """A patch embedding's convolution with its kernel as its stride, on whole patches ``[N, C, T, P, P]``, as the
+    matrix product it equals: ``[N, embed, 1, 1, 1]``, as the convolution returns."""
+    out = torch.nn.functional.linear(patches.flatten(1), conv.weight.flatten(1), conv.bias)
+    return out[:, :, None, None, None]
+
+
+def _patch_embedding_forward(conv: torch.nn.Conv3d, patches: torch.Tensor) -> torch.Tensor:
+    """The switched convolution's forward (:func:`use_linear_patch_embedding`): the product for whole patches on a
+    device of ``PATCH_PRODUCT_DEVICES``, the convolution itself otherwise."""
+    if patches.device.type in PATCH_PRODUCT_DEVICES and tuple(patches.shape[2:]) == tuple(conv.kernel_size):
+        return patch_product(conv, patches)
+    return type(conv).forward(conv, patches)
 
 
 def sample_images(batch: dict[str, torch.Tensor], idx: list[int]) -> dict[str, torch.Tensor]:
