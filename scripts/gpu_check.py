@@ -435,6 +435,7 @@ def summarise(args, config, counts, bw: float, peak: float, probe: Probe, metric
             "max_new_tokens": args.max_new_tokens,
             "image_tokens": args.image_tokens,
             "micro_train_batch_size": args.micro_train_batch,
+            "memory_cap_gib": args.memory_cap_gib or None,  # the allocator's cap (None: the whole device)
         },
         "device": gpu,
         "dist_backend": str(torch.distributed.get_backend()) if torch.distributed.is_initialized() else None,
@@ -490,6 +491,13 @@ def main(argv: list[str] | None = None) -> dict | None:
     p.add_argument("--image-tokens", type=int, default=1024)
     p.add_argument("--micro-train-batch", type=int, default=4)
     p.add_argument("--peak-tflops", type=float, default=0.0, help="device bf16 dense peak (default: by name)")
+    p.add_argument(
+        "--memory-cap-gib",
+        type=float,
+        default=0.0,
+        help="cap PyTorch's CUDA allocator at this many GiB (torch.cuda.set_per_process_memory_fraction), so that a "
+        "larger GPU runs as a smaller one would: 79.2 for an 80 GB H100 (0: no cap)",
+    )
     p.add_argument("--save", action="store_true", help="keep the end-of-run checkpoint and final export")
     p.add_argument(
         "--profile-step",
@@ -526,6 +534,12 @@ def main(argv: list[str] | None = None) -> dict | None:
 
     config, _ = build_config(args.shape)
     counts = param_counts(config)
+    if args.memory_cap_gib and torch.cuda.is_available():
+        # before anything is allocated: the whole run, its caching allocator's fragmentation included, must fit the
+        # cap (the CUDA context and libraries' own workspaces outside PyTorch's allocator are not counted)
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        total = torch.cuda.get_device_properties(local).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, args.memory_cap_gib * 2**30 / total), local)
     bw = copy_bandwidth()
     peak = peak_tflops(args.peak_tflops)
     side = 28 * int(round(args.image_tokens**0.5))

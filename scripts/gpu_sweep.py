@@ -22,6 +22,8 @@ so the same command continues a cut sweep. Configurations (each adds one item to
 
     python scripts/gpu_sweep.py --model-dir /tmp/m3b --json-dir gpu27 [--only before,copy] [--steps 3]
     python scripts/gpu_sweep.py --shape tiny --model-dir /tmp/mtiny --json-dir /tmp/sweep --steps 1   # a CPU smoke
+    python scripts/gpu_sweep.py --model-dir /tmp/m3b --json-dir gpu27-80gb --only 7b,ckpt-blocks --memory-cap-gib 79.2
+        # on a larger GPU, as an 80 GB H100 would run them: whether they fit, fragmentation included
 """
 
 from __future__ import annotations
@@ -60,6 +62,9 @@ def main() -> None:
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--image-tokens", type=int, default=1024)
     p.add_argument("--profile-step", type=int, default=0, help="gpu_check.py --profile-step (0: no profile)")
+    p.add_argument(
+        "--memory-cap-gib", type=float, default=0.0, help="gpu_check.py --memory-cap-gib (79.2: run as an 80 GB H100)"
+    )
     a = p.parse_args()
     configs = {k: [*v, "--shape", a.shape, "--model-dir", str(a.model_dir)] for k, v in ITEMS.items()}
     budget = ["--micro-batch-tokens", str(a.budget)]
@@ -75,7 +80,7 @@ def main() -> None:
         del configs["7b"]
     names = [n for n in a.only.split(",") if n] or list(configs)
     common = ["--steps", str(a.steps), "--max-new-tokens", str(a.max_new_tokens), "--image-tokens", str(a.image_tokens)]
-    common += ["--profile-step", str(a.profile_step)]
+    common += ["--profile-step", str(a.profile_step), "--memory-cap-gib", str(a.memory_cap_gib)]
     for name in names:
         done = a.json_dir / f"{name}.json"
         if done.is_file() and json.loads(done.read_text()).get("complete"):
