@@ -15,8 +15,9 @@
 #   GPU_NEXT_SHAPE=tiny GPU_NEXT_ARGS="--max-new-tokens 8 --image-tokens 16" bash scripts/gpu_next.sh /tmp/g  # CPU smoke
 #
 # On the device image (torch 2.11 + CUDA, transformers 5.17, no network) vlrft's one missing import is omegaconf:
-# carry a folder holding omegaconf and antlr4 (pure Python; e.g. copied from .venv's site-packages) and name it in
-# VLRFT_EXTRA_PATH.
+# carry a folder holding omegaconf and antlr4 (pure Python, 3.7 MB) and name it in VLRFT_EXTRA_PATH:
+#   mkdir -p .gpu-extra && cp -r .venv/lib/python3.*/site-packages/{omegaconf,antlr4} .gpu-extra/   # here, once
+#   device tool: run(carry=[".gpu-extra"], command="VLRFT_EXTRA_PATH=$PWD/.gpu-extra bash scripts/gpu_next.sh")
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-${OUT:-runs/gpu_next}}
