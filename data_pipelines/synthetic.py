@@ -26,6 +26,7 @@ classification tasks are balanced (each class ``n // k`` or ``n // k + 1`` times
 
 from __future__ import annotations
 
+import inspect
 import math
 import random
 from pathlib import Path
@@ -465,6 +466,23 @@ def synthetic_task(source: str) -> str | None:
             category="unknown synthetic task",
         )
     return task
+
+
+def check_options(task: str, options: dict[str, Any], extra: tuple[str, ...] = ()) -> None:
+    """Refuse ``options`` that ``task`` would refuse once drawing, before anything is drawn or loaded: a keyword
+    the task does not take (nor ``extra``, the keywords of the record maker that wraps it), or a value its own
+    checks refuse (one record is drawn to find out). Raises ``ValueError`` naming the option and the rule."""
+    params = inspect.signature(TASKS[task]).parameters
+    known = [name for name, p in params.items() if p.kind is p.KEYWORD_ONLY] + list(extra)
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise ValueError(
+            f"synthetic:{task} takes no option {', '.join(map(repr, unknown))}; its options: {', '.join(known)}"
+        )
+    try:
+        TASKS[task](1, random.Random(0), **{k: v for k, v in options.items() if k in params})
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"synthetic:{task}: {exc}") from None
 
 
 def heldout_seed(seed: int) -> int:

@@ -137,6 +137,35 @@ def test_an_unknown_verifier_is_refused_before_loading(tmp_path):
         preflight_policy(cfg, world=1)
 
 
+def test_synthetic_options_the_task_would_refuse_are_named_before_loading(tmp_path, capsys):
+    """A misspelt option, a value the task's checks refuse, or an option of another record maker: one line naming
+    data.synthetic_options, the source and the rule, before any model is built (not a TypeError from the drawing)."""
+    cfg = _policy(tmp_path, "data.synthetic_options={nois: 3}")
+    with pytest.raises(
+        ConfigError,
+        match=r"data.synthetic_options=\{'nois': 3\} \(data.train_source=synthetic:color\): "
+        r"synthetic:color takes no option 'nois'; its options: num_colors, colors, image_size, mode",
+    ):
+        preflight_policy(cfg, world=1)
+    cfg = _policy(tmp_path, "data.train_source=synthetic:mark_color", "data.synthetic_options={mark_size: 47}")
+    with pytest.raises(ConfigError, match=r"synthetic:mark_color: mark_size must be even and fit in a quadrant"):
+        preflight_policy(cfg, world=1)
+    assert preflight_policy(_policy(tmp_path, "data.synthetic_options={noise: 24, num_colors: 3}"), world=1) == {}
+    # a judge's prompts take the judgment maker's template too; a policy's plain prompts do not
+    judge_template = "data.synthetic_options={judge_template: '{question}'}"
+    judge = _policy(
+        tmp_path, "data.record_kind=judgment", "reward.sources=[{name: v, verifier: judge_verdict}]", judge_template
+    )
+    assert preflight_policy(judge, world=1) == {}
+    with pytest.raises(ConfigError, match=r"takes no option 'judge_template'"):
+        preflight_policy(_policy(tmp_path, judge_template), world=1)
+    # the CLI: one line, exit 2, nothing built
+    code = vlrft_main(["train-sft", f"train.output_dir={tmp_path / 'sft'}", "data.synthetic_options={colr: 1}"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "takes no option 'colr'" in err, err
+    assert not (tmp_path / "sft").exists()
+
+
 def test_image_records_for_a_text_only_model_are_named_as_such(tmp_path, tiny_model):
     data = _colours(tmp_path, {"id": "pic", "prompt": "<image>Which colour?", "images": ["x.png"], "answer": "red"})
     for overrides in ([f"model.path={tiny_model('qwen2')}"], ["model.tiny_arch=qwen2"]):

@@ -25,7 +25,7 @@ from data_pipelines.errors import DataError
 from data_pipelines.formatting import PROMPT_TEMPLATES, judgment_as_prompt
 from data_pipelines.readers import SkipReport, read_records
 from data_pipelines.records import JudgmentRecord, PromptRecord
-from data_pipelines.synthetic import synthetic_task
+from data_pipelines.synthetic import check_options, synthetic_task
 from reward_models.config import RewardModelTrainConfig
 from reward_models.pool import RewardPoolConfig
 from reward_models.sources import SOURCE_KINDS, check_source
@@ -161,6 +161,24 @@ def check_data_source(
     return report
 
 
+JUDGMENT_OPTIONS = ("judge_template", "judge_system_prompt")  # make_judgment_records' own keywords
+
+
+def check_synthetic(data: Any, extra: tuple[str, ...] = ()) -> None:
+    """``data.synthetic_options`` are ones each synthetic source of ``data`` takes, with values its checks accept
+    (``extra``: keywords of the record maker around the task), refused naming the key before any model loads."""
+    for key in ("train_source", "eval_source"):
+        source = getattr(data, key)
+        task = synthetic_task(source) if source else None
+        if task is None:
+            continue
+        options = dict(data.synthetic_options)
+        try:
+            check_options(task, options, extra)
+        except ValueError as exc:
+            raise ConfigError(f"data.synthetic_options={options} (data.{key}={source}): {exc}") from None
+
+
 def model_key(cfg: PolicyTrainConfig) -> str:
     """How errors name the policy: its ``model.path``, or the tiny architecture built without one."""
     return f"model.path={cfg.model.path}" if cfg.model.path else f"model.tiny_arch={cfg.model.tiny_arch}"
@@ -178,6 +196,7 @@ def preflight_policy(cfg: PolicyTrainConfig, world: int | None = None) -> dict[s
     check_template(cfg.data.prompt_template, "data.prompt_template")
     check_output_dir(cfg.train.output_dir, "train.output_dir", final="final")
     check_tools(cfg.tools)
+    check_synthetic(cfg.data, JUDGMENT_OPTIONS if cfg.data.record_kind == "judgment" else ())
     vision = sees_images(cfg.model)
     if cfg.critic.path and cfg.algorithm.estimator.critic and not Path(cfg.critic.path).exists():
         if path_like(cfg.critic.path):
@@ -215,6 +234,7 @@ def preflight_supervised(cfg: Any) -> dict[str, SkipReport]:
     dpo = hasattr(cfg, "dpo")
     if not dpo:
         check_tools(cfg.tools)
+    check_synthetic(cfg.data)
     reports = {}
     for key, source, kind in (
         ("data.train_source", cfg.data.train_source, "preference" if dpo else None),
@@ -235,6 +255,7 @@ def preflight_reward_model(cfg: RewardModelTrainConfig) -> dict[str, SkipReport]
     check_output_dir(cfg.train.output_dir, "train.output_dir", final="final")
     vision = sees_images(cfg.model)
     kind = "preference" if cfg.model.kind == "srm" else "judgment"
+    check_synthetic(cfg.data, ("response_template",) if kind == "preference" else JUDGMENT_OPTIONS)
     reports = {}
     for key, source in (("data.train_source", cfg.data.train_source), ("data.eval_source", cfg.data.eval_source)):
         if source and synthetic_task(source) is not None and not vision:
