@@ -167,12 +167,13 @@ JUDGMENT_OPTIONS = ("judge_template", "judge_system_prompt")  # make_judgment_re
 def check_synthetic(data: Any, extra: tuple[str, ...] = ()) -> None:
     """``data.synthetic_options`` are ones each synthetic source of ``data`` takes, with values its checks accept
     (``extra``: keywords of the record maker around the task), refused naming the key before any model loads."""
+    options, checked = dict(data.synthetic_options), set()
     for key in ("train_source", "eval_source"):
         source = getattr(data, key)
         task = synthetic_task(source) if source else None
-        if task is None:
+        if task is None or task in checked:  # the held-out records of the same task: the same options, drawn once
             continue
-        options = dict(data.synthetic_options)
+        checked.add(task)
         try:
             check_options(task, options, extra)
         except ValueError as exc:
