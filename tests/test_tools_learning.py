@@ -9,10 +9,10 @@ engine:
    zoom (the others answer at once, a guess): a policy that can use the tool but rarely chooses to. Greedy, it
    answers at once: held-out 0.25 (chance), the starting point of RL.
 3. ``train-policy configs/policy/zoom_tools.yaml`` (GRPO with the zoom tool, 100 steps, strict reward of the final
-   answer): the sampled call rate and right-region rate rise from about 0.2 to 1.0 and the held-out accuracy with
-   tools from 0.25 to >= 0.9 (measured 1.0 from step 25); the same models with the tools' answers withheld (each zoom
-   answered by a blank image of its size) stay within 0.1 of chance at every evaluation: the answer comes from what
-   the tool showed.
+   answer, -0.5 for each malformed call): the sampled call rate and right-region rate rise from about 0.2 to 1.0 and
+   the held-out accuracy with tools from 0.25 to >= 0.9 (measured 1.0 from step 50 on hf, from 25 on vllm); the same
+   models with the tools' answers withheld (each zoom answered by a blank image of its size) stay within 0.1 of
+   chance at every evaluation: the answer comes from what the tool showed.
 
 ``lessons`` is shared with the vLLM suite's proof (tests/test_vllm_tools.py), which runs stage 3 on the vllm engine.
 Slow: about 8, 1 and 7 minutes on this 2-core CPU when it is quiet.
@@ -42,15 +42,13 @@ def _summary(run: Path) -> dict:
     return json.loads((run / "summary.json").read_text())
 
 
-def lessons(
-    tmp_path: Path, *rl_overrides: str, base: Path | None = None, first_overrides: tuple = (), same_engine: bool = True
-) -> dict:
-    """The three stages from ``base`` (a model folder; the config's tiny Qwen3-VL when None; ``first_overrides``
-    for stage 1; ``same_engine``: RL evaluates with the hf engine, as the SFT stages do). Returns the two SFT
-    held-out accuracies and RL's metrics rows."""
+def lessons(tmp_path: Path, *rl_overrides: str, base: Path | None = None, same_engine: bool = True) -> dict:
+    """The three stages from ``base`` (a model folder; the config's tiny Qwen3-VL when None; ``same_engine``: RL
+    evaluates with the hf engine, as the SFT stages do). Returns the two SFT held-out accuracies and RL's metrics
+    rows."""
     first, rarely, rl = tmp_path / "sft", tmp_path / "sft-rarely", tmp_path / "rl"
     cmd = ["train-sft", str(REPO / "configs" / "sft" / "zoom_tools.yaml"), f"train.output_dir={first}"]
-    assert main([*cmd, *([f"model.path={base}"] if base else []), *first_overrides, *QUIET]) == 0
+    assert main([*cmd, *([f"model.path={base}"] if base else []), *QUIET]) == 0
     cmd = ["train-sft", str(REPO / "configs" / "sft" / "zoom_tools_rarely.yaml"), f"model.path={first / 'final'}"]
     assert main([*cmd, f"train.output_dir={rarely}", *QUIET]) == 0
     cmd = ["train-policy", str(REPO / "configs" / "policy" / "zoom_tools.yaml"), f"model.path={rarely / 'final'}"]
@@ -92,7 +90,7 @@ def check_rl_learns_when_and_where_to_zoom(result: dict) -> dict:
     assert result["sft_rarely"] <= 0.4, figures  # greedy answers at once: chance 0.25 (measured 0.25)
     assert with_tools[0] <= 0.4, figures  # and RL starts there: chance (measured 0.25 on hf and on vllm)
     late = [a for step, a in with_tools.items() if step >= 50]  # not the last evaluation alone
-    assert len(late) >= 3 and min(late) >= 0.9, figures  # measured 1.0 at steps 25-100
+    assert len(late) >= 3 and min(late) >= 0.9, figures  # measured 1.0 at 50-100 (hf: 0.66 at 25)
     assert all(abs(a - 0.25) <= 0.1 for a in withheld), figures  # the answer is the tool's: chance without it
     assert figures["tools/call_rate"][0] <= 0.5 and figures["tools/call_rate"][1] >= 0.9, figures
     assert figures["reward/right_region"][1] >= 0.9, figures
