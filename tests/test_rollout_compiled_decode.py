@@ -125,13 +125,54 @@ def test_auto_compiles_only_with_cuda_and_a_copy(tiny_model):
     assert engine.copy is None and not engine.static_cache and engine.device == cpu
 
 
+@pytest.mark.parametrize("arch", ["qwen2_5_vl", "qwen2"])
+def test_a_static_cache_decode_step_traces_as_one_graph(tiny_model, arch):
+    """What ``generate`` compiles on CUDA, traced on a CPU (dynamo with the eager backend: the graph, no kernels):
+    a decode step of the engine's model (text attention ``packed_sdpa``, grouped KV heads: 4 heads on 2) on a
+    static cache of left-padded rows is one graph without a break, and gives the eager step's logits exactly. The
+    third H200 run found it broken at every layer's attention (the attention function compiler-disabled whole)."""
+    from torch._dynamo.utils import counters
+
+    from vlrft.models.group_forward import use_packed_attention
+
+    model, proc = load_model(tiny_model(arch))
+    model.eval()
+    assert use_packed_attention(model) and model.config.get_text_config().num_key_value_heads == 2
+    tok = getattr(proc, "tokenizer", proc)
+    tok.padding_side = "left"
+    enc = tok(["A longer prompt than the other one", "Hi"], return_tensors="pt", padding=True)
+    width = enc["input_ids"].shape[1]
+    mask = torch.cat([enc["attention_mask"], torch.ones(2, 1, dtype=torch.long)], dim=1)
+
+    def decode_step(call) -> torch.Tensor:
+        cache = StaticCache(config=model.config, max_cache_len=STATIC_CACHE_BUCKET)
+        with torch.no_grad():
+            first = model(**enc, past_key_values=cache, use_cache=True).logits[:, -1:].argmax(-1)
+            step = dict(input_ids=first, attention_mask=mask, cache_position=torch.tensor([width]), use_cache=True)
+            return call(**step, past_key_values=cache).logits
+
+    eager = decode_step(model)
+    torch._dynamo.reset()
+    counters.clear()
+    traced = decode_step(torch.compile(model, backend="eager"))
+    breaks = {reason.split("\n")[0]: n for reason, n in counters["graph_break"].items()}
+    assert not breaks and counters["stats"]["unique_graphs"] == 1, (breaks, dict(counters["stats"]))
+    assert torch.equal(traced, eager)
+    torch._dynamo.reset()
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="compiled decode (torch.compile + CUDA graphs) needs CUDA")
 def test_compiled_decode_on_cuda_matches_eager_greedy(tiny_model, monkeypatch):
     """On a GPU: the copy (float32 here, for exact greedy agreement) decodes through generate's compiled call (the
     model's ``_compiled_call`` exists after the first generate) and gives the eager dynamic-cache tokens; the decode
     step is captured as a CUDA graph in the first rollout and replayed in the next two (the weights have not moved
-    and the static cache is the same one), where this torch has the method the count wraps (a private API)."""
+    and the static cache is the same one), where this torch has the method the count wraps (a private API); and
+    dynamo breaks no graph on the way."""
+    from torch._dynamo.utils import counters
     from torch._inductor.cudagraph_trees import CUDAGraphTreeManager
+
+    torch._dynamo.reset()
+    counters.clear()
 
     recorded = []
     counted = hasattr(CUDAGraphTreeManager, "record_function")
@@ -158,3 +199,4 @@ def test_compiled_decode_on_cuda_matches_eager_greedy(tiny_model, monkeypatch):
     assert hasattr(compiled.model, "_compiled_call")
     if counted:
         assert per_rollout[0] >= 1 and per_rollout[1:] == [0, 0], per_rollout
+    assert not counters["graph_break"], list(counters["graph_break"])

@@ -68,6 +68,12 @@ def test_lora_trains_adapters_only_and_exports_merged(tiny_model, tmp_path):
 
 
 def test_gradient_checkpointing_gives_the_same_gradients(tiny_model):
+    """The same gradients with and without checkpointing, which recomputes each block inside its forward: the
+    hooks on a block (FSDP2's and DeepSpeed's gather, FSDP2's cast of the inputs to bf16) run once per forward,
+    not again in the backward's recompute (transformers < 5.2x checkpointed around ``__call__``, so they ran
+    twice, and FSDP2 on torch < 2.13 left the recompute's inputs uncast: strategies.base.own_block_forwards)."""
+    from vlrft.strategies.base import transformer_blocks
+
     grads = []
     for checkpointing in (False, True):
         model, proc = _load(tiny_model("qwen2_5_vl"))
@@ -75,9 +81,15 @@ def test_gradient_checkpointing_gives_the_same_gradients(tiny_model):
         model, _, _ = s.prepare(model, total_steps=1)
         model.train()
         assert any(getattr(m, "gradient_checkpointing", False) for m in model.modules()) == checkpointing
+        blocks, hooked, recomputed = transformer_blocks(model), [], []
+        for block in blocks:
+            block.register_forward_pre_hook(lambda m, args: hooked.append(m))
+            block.mlp.register_forward_pre_hook(lambda m, args: recomputed.append(torch.is_grad_enabled()))
         batch = _batch(proc)
         model(**model_inputs(batch), labels=batch["input_ids"]).loss.backward()
         grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+        assert len(hooked) == len(blocks) == 4  # 2 vision blocks, 2 decoder layers: each block's hooks ran once
+        assert len(recomputed) == len(blocks) * (2 if checkpointing else 1)  # checkpointing: each block computed twice
     assert set(grads[0]) == set(grads[1])
     # recomputation repeats the same arithmetic: equal up to a few ulps of gradients below ~1e-2 (~1e-9)
     worst = max((g - grads[1][name]).abs().max().item() for name, g in grads[0].items())

@@ -100,7 +100,39 @@ def packed_sdpa(
     vlrft_packed: PackedLayout | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
-    """Transformers' SDPA attention, except on a causal (text) layer in two cases. Given packed rows (``query``
+    """The text attention of SDPA models (registered as ``PACKED_SDPA``). Given packed rows or a shared prompt
+    cache, whose layouts are Python data that differ at every step: :func:`_packed_sdpa_eager`, which runs eagerly
+    inside a compiled block (``strategy.compile_blocks``). Otherwise :func:`_sdpa`, traceable, so that a compiled
+    decode step (a static cache: ``rollout.hf.compile``) is one graph; compiler-disabled whole, it broke that step
+    into a graph per layer (the third H200 run: decode 3.7x slower, docs/benchmarks.md)."""
+    if vlrft_packed is not None or getattr(key, "vlrft_prefix", None) is not None:
+        return _packed_sdpa_eager(
+            module, query, key, value, attention_mask, dropout, scaling, vlrft_packed=vlrft_packed, **kwargs
+        )
+    return _sdpa(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+
+
+def _sdpa(module, query, key, value, attention_mask, dropout, scaling, **kwargs) -> tuple[torch.Tensor, None]:
+    """Transformers' SDPA attention, on the KV heads for a decode step with grouped KV heads and a mask."""
+    if _grouped_decode_applies(module, query, attention_mask, dropout):
+        scale = module.scaling if scaling is None else scaling
+        return grouped_decode_attention(query, key, value, attention_mask, scale)
+    return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+
+
+@torch.compiler.disable
+def _packed_sdpa_eager(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    vlrft_packed: PackedLayout | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """:func:`_sdpa`, except on a causal (text) layer in two cases. Given packed rows (``query``
     ``[rows, heads, width, dim]``, the layout as ``vlrft_packed``): the block mask's attention computed from its
     allowed pairs only. Per row, the prompt's queries attend causally to the prompt; the responses' queries,
     gathered as ``[K, heads, L, dim]``, attend to the prompt's keys (shared, expanded) followed by their own keys,
@@ -114,17 +146,13 @@ def packed_sdpa(
     if shared is not None and getattr(module, "is_causal", False):
         return _prefix_attention(query, key, value, shared.prefix_keys, shared.prefix_values, shared.prompt_mask, scale)
     layout = vlrft_packed
-    if _grouped_decode_applies(module, query, attention_mask, dropout):
-        return grouped_decode_attention(query, key, value, attention_mask, scale)
     if (
         layout is None
         or not getattr(module, "is_causal", False)
         or query.shape[0] != len(layout.rows)
         or query.shape[2] != layout.width
     ):
-        return sdpa_attention_forward(
-            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
-        )
+        return _sdpa(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
     rows, heads, width, dim = query.shape
     pieces, where = [], []
     for block in layout.blocks:
@@ -373,8 +401,9 @@ def varlen_sdpa(
 # built from a config, so the model's config keeps "sdpa".
 VARLEN_SDPA = "vlrft_varlen_sdpa_flash_api"
 
-# Eager inside a compiled block (``strategy.compile_blocks``): their layouts are Python data that differ at every step
-ALL_ATTENTION_FUNCTIONS.register(PACKED_SDPA, torch.compiler.disable(packed_sdpa))
+# Eager inside a compiled block (``strategy.compile_blocks``) where given Python layouts that differ at every step:
+# packed rows and a shared prompt cache (``packed_sdpa``'s eager part), a vision tower's sequences (``varlen_sdpa``)
+ALL_ATTENTION_FUNCTIONS.register(PACKED_SDPA, packed_sdpa)
 ALL_MASK_ATTENTION_FUNCTIONS.register(PACKED_SDPA, sdpa_mask)  # generation and plain rows: SDPA's own masks
 ALL_ATTENTION_FUNCTIONS.register(VARLEN_SDPA, torch.compiler.disable(varlen_sdpa))
 
