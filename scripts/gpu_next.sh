@@ -1,15 +1,20 @@
 #!/usr/bin/env bash
 # The next GPU call of issue 27 as one command (docs/benchmarks.md, "What would make the remaining GPU figures"): a
 # drawn session has 15 minutes of device time, its machine's start included, so this is sized for one call of about
-# 9 minutes. In order, each step logged with its time and exit status, every figure written under OUT as it comes:
-#   1. the CUDA-only tests of the fast path's device code (the patch product, the compiled decode), skipped elsewhere;
-#   2. the update's MFU with compiled blocks, checkpointed (what an 80 GB H100 needs at 3B) and not (gpu_sweep.py
-#      ckpt-blocks, blocks; step 1 compiles, step 2 is the figure);
-#   3. the decode with the grouped decode attention, its last step profiled (gpu_sweep.py keep);
+# 9 minutes (the third run's call, 540 s, was cut in its fifth configuration: see that run's section). In order of
+# what each answers, each step logged with its time and exit status, every figure written under OUT as it comes:
+#   1. the CUDA-only tests of the fast path's device code (the patch product, the compiled decode: one graph, no
+#      break since d919766);
+#   2. the decode with the grouped decode attention, traced whole again (gpu_sweep.py keep, 2 steps: step 1
+#      compiles, step 2 is the figure; the third run's 38.5 ms a step was the broken graph);
+#   3. the update with compiled blocks, checkpointed (what an 80 GB H100 needs at 3B; the third run's CheckpointError,
+#      fixed by d919766), 2 steps;
 #   4. 7B with its AdamW state resident, PyTorch's allocator capped at 79.2 GiB: whether 3 steps run as they would on
-#      an 80 GB H100, fragmentation included (gpu_sweep.py 7b --memory-cap-gib 79.2; not on the tiny smoke).
+#      an 80 GB H100, fragmentation included (gpu_sweep.py 7b --memory-cap-gib 79.2; not on the tiny smoke);
+#   5. keep's third step profiled (its own JSON folder), as time allows.
 # A step that fails does not stop the next; gpu_sweep.py skips configurations whose JSON is complete, so running the
-# same command again continues a cut call.
+# same command again continues a cut call. The device tool returns at most 8 files: the steps' output goes to one
+# log (steps.log), the JSON to json*/ (the runs' own folders below them do not come back).
 #
 #   bash scripts/gpu_next.sh [OUT]        # OUT: $OUT where the device tool sets it, else runs/gpu_next
 #   GPU_NEXT_SHAPE=tiny GPU_NEXT_ARGS="--max-new-tokens 8 --image-tokens 16" bash scripts/gpu_next.sh /tmp/g  # CPU smoke
@@ -31,27 +36,32 @@ model=${GPU_NEXT_MODEL:-/tmp/vlrft-gpu-next-$shape}
 read -r -a extra <<< "${GPU_NEXT_ARGS:-}"
 log="$out/gpu_next.log"
 
-step() {  # step NAME COMMAND...: run it, its output to OUT/NAME.txt, its time and status to the log
+step() {  # step NAME COMMAND...: run it, its output appended to OUT/steps.log, its time and status to the log
   local name=$1 start rc
   shift
   start=$(date +%s)
   echo "[$(date -u +%T)] $name: $*" | tee -a "$log"
-  "$@" > "$out/$name.txt" 2>&1
+  echo "===== [$(date -u +%T)] $name: $*" >> "$out/steps.log"
+  "$@" > "$out/step.tmp" 2>&1
   rc=$?
+  cat "$out/step.tmp" >> "$out/steps.log"
   echo "[$(date -u +%T)] $name: exit $rc after $(($(date +%s) - start)) s" | tee -a "$log"
-  tail -n 3 "$out/$name.txt" | sed 's/^/    /' | tee -a "$log"
+  tail -n 3 "$out/step.tmp" | sed 's/^/    /' | tee -a "$log"
+  rm -f "$out/step.tmp"
 }
 
 { nvidia-smi || true; "$py" -c "import torch, transformers; print(torch.__version__, transformers.__version__)"; \
-  git log --oneline -1 || true; } > "$out/machine.txt" 2>&1
+  git log --oneline -1 || true; } >> "$log" 2>&1
 step cuda_tests "$py" -m pytest -q -rs -p no:cacheprovider tests/test_patch_embedding.py \
   tests/test_rollout_compiled_decode.py -m "not distributed"
-step blocks "$py" scripts/gpu_sweep.py --shape "$shape" --model-dir "$model" --json-dir "$out/json" \
-  --only ckpt-blocks,blocks --steps 2 "${extra[@]}"
 step keep "$py" scripts/gpu_sweep.py --shape "$shape" --model-dir "$model" --json-dir "$out/json" \
-  --only keep --steps 3 --profile-step 3 "${extra[@]}"
+  --only keep --steps 2 "${extra[@]}"
+step ckpt_blocks "$py" scripts/gpu_sweep.py --shape "$shape" --model-dir "$model" --json-dir "$out/json" \
+  --only ckpt-blocks --steps 2 "${extra[@]}"
 if [ "$shape" = 3b ]; then
   step 7b_80gb "$py" scripts/gpu_sweep.py --shape "$shape" --model-dir "$model" --json-dir "$out/json-80gb" \
     --only 7b --steps 3 --memory-cap-gib 79.2 "${extra[@]}"
 fi
-echo "[$(date -u +%T)] done: $(cd "$out" && ls json/*.json json-80gb/*.json 2>/dev/null | tr '\n' ' ')" | tee -a "$log"
+step keep_profile "$py" scripts/gpu_sweep.py --shape "$shape" --model-dir "$model" --json-dir "$out/json-profile" \
+  --only keep --steps 3 --profile-step 3 "${extra[@]}"
+echo "[$(date -u +%T)] done: $(cd "$out" && ls json*/*.json 2>/dev/null | tr '\n' ' ')" | tee -a "$log"
