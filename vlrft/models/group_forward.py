@@ -106,9 +106,7 @@ def packed_sdpa(
     decode step (a static cache: ``rollout.hf.compile``) is one graph; compiler-disabled whole, it broke that step
     into a graph per layer (the third H200 run: decode 3.7x slower, docs/benchmarks.md)."""
     if vlrft_packed is not None or getattr(key, "vlrft_prefix", None) is not None:
-        return _packed_sdpa_eager(
-            module, query, key, value, attention_mask, dropout, scaling, vlrft_packed=vlrft_packed, **kwargs
-        )
+        return _packed_sdpa_eager(module, query, key, value, attention_mask, dropout, scaling, vlrft_packed, kwargs)
     return _sdpa(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
 
 
@@ -121,17 +119,7 @@ def _sdpa(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
 
 
 @torch.compiler.disable
-def _packed_sdpa_eager(
-    module: torch.nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    dropout: float = 0.0,
-    scaling: float | None = None,
-    vlrft_packed: PackedLayout | None = None,
-    **kwargs: Any,
-) -> tuple[torch.Tensor, None]:
+def _packed_sdpa_eager(module, query, key, value, attention_mask, dropout, scaling, layout, kwargs):
     """:func:`_sdpa`, except on a causal (text) layer in two cases. Given packed rows (``query``
     ``[rows, heads, width, dim]``, the layout as ``vlrft_packed``): the block mask's attention computed from its
     allowed pairs only. Per row, the prompt's queries attend causally to the prompt; the responses' queries,
@@ -145,7 +133,6 @@ def _packed_sdpa_eager(
     shared = getattr(key, "vlrft_prefix", None)  # keys of a SharedPrefixLayer: decoding n samples per prompt
     if shared is not None and getattr(module, "is_causal", False):
         return _prefix_attention(query, key, value, shared.prefix_keys, shared.prefix_values, shared.prompt_mask, scale)
-    layout = vlrft_packed
     if (
         layout is None
         or not getattr(module, "is_causal", False)

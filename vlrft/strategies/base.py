@@ -257,8 +257,9 @@ _OWN_FORWARDS: dict[type, list[Any]] = {}
 
 def _block_forward(block: torch.nn.Module, *args, **kwargs):
     """A block's forward as :func:`own_block_forwards` sets it (compiled, checkpointed, or both)."""
-    forward = type(block).forward  # FSDP2's subclass of the block's class (``fully_shard``) has its own
-    own = _OWN_FORWARDS.setdefault(type(block), [_own_forward(forward), None])
+    own = _OWN_FORWARDS.get(type(block))  # FSDP2's subclass of the block's class (``fully_shard``) has its own
+    if own is None:
+        own = _OWN_FORWARDS[type(block)] = [_own_forward(type(block).forward), None]
     if kwargs.get("cache") is not None or kwargs.get("past_key_values") is not None:
         return own[0](block, *args, **kwargs)  # decoding: eager, not checkpointed (a replay would write the cache)
     if block.vlrft_compiled:
