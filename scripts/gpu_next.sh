@@ -42,12 +42,10 @@ step() {  # step NAME COMMAND...: run it, its output appended to OUT/steps.log, 
   start=$(date +%s)
   echo "[$(date -u +%T)] $name: $*" | tee -a "$log"
   echo "===== [$(date -u +%T)] $name: $*" >> "$out/steps.log"
-  "$@" > "$out/step.tmp" 2>&1
+  "$@" >> "$out/steps.log" 2>&1  # straight into the log: a step cut by the call's limit keeps what it printed
   rc=$?
-  cat "$out/step.tmp" >> "$out/steps.log"
   echo "[$(date -u +%T)] $name: exit $rc after $(($(date +%s) - start)) s" | tee -a "$log"
-  tail -n 3 "$out/step.tmp" | sed 's/^/    /' | tee -a "$log"
-  rm -f "$out/step.tmp"
+  tail -n 3 "$out/steps.log" | sed 's/^/    /' | tee -a "$log"
 }
 
 { nvidia-smi || true; "$py" -c "import torch, transformers; print(torch.__version__, transformers.__version__)"; \
