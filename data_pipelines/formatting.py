@@ -164,15 +164,16 @@ def pairwise_judgment_record(
     verdict: str,
     template: str = PAIRWISE_JUDGE_TEMPLATE,
     system: str = PAIRWISE_JUDGE_SYSTEM_PROMPT,
+    rationale: str = "",
 ) -> JudgmentRecord:
-    """A pairwise judge record: responses ``a`` and ``b``, target ``<answer>A|B|tie</answer>``."""
+    """A pairwise judge record: responses ``a`` and ``b``, target ``[rationale ]<answer>A|B|tie</answer>``."""
     if verdict not in ("A", "B", "tie"):
         raise ValueError(f"a pairwise verdict is A, B or tie, got {verdict!r}")
     return JudgmentRecord(
         id=f"{record.id}/{a}|{b}",
         prompt=pairwise_prompt(record.prompt, a, b, template),
         images=record.images,
-        target=f"<answer>{verdict}</answer>",
+        target=(f"{rationale} " if rationale else "") + f"<answer>{verdict}</answer>",
         task=record.task,
         system=system,
         metadata={**record.metadata, "answer_a": a, "answer_b": b, "judge_mode": "pairwise", "verdict": verdict},

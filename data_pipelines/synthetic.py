@@ -515,6 +515,11 @@ def make_prompt_records(task: str, n: int, seed: int = 0, **options: Any) -> lis
     ]
 
 
+def _rationale(rec: PromptRecord) -> str:
+    """A judge's rationale that solves the task before it judges: the reference answer, stated."""
+    return f"The answer is {rec.answer}."
+
+
 def _wrong(rec: PromptRecord, rng: random.Random) -> str:
     return rng.choice([v for v in rec.metadata["vocabulary"] if v != rec.answer])
 
@@ -553,6 +558,7 @@ def make_judgment_records(
     paired: bool = False,
     judge_template: str = POINTWISE_JUDGE_TEMPLATE,
     judge_system_prompt: str = JUDGE_SYSTEM_PROMPT,
+    rationale: bool = False,
     **options: Any,
 ) -> list[JudgmentRecord]:
     """Judge records from ``task``'s prompts: the image, the question and candidate answer(s); the target
@@ -569,6 +575,11 @@ def make_judgment_records(
     with one right and one wrong answer, target ``<answer>A</answer>`` or ``<answer>B</answer>`` (half
     each, shuffled); ``paired``: ``n // 2`` prompts, each giving its pair in both orders side by side (A
     then B: the swap augmentation against position bias; train with ``data.group_size: 2``).
+
+    ``rationale``: the target states the reference answer before the verdict (``The answer is red.
+    <answer>A</answer>``): the judge solves the task, then compares, so the verdict is a match of text it wrote
+    against the candidates' text instead of the image against them in one token (docs/reward-models.md: the pairwise
+    colour judge learns in 4 of 5 seeds with it, 1 of 5 without).
     """
     if judge_mode not in ("pointwise", "pairwise"):
         raise ValueError(f"judge_mode must be 'pointwise' or 'pairwise', got {judge_mode!r}")
@@ -578,9 +589,10 @@ def make_judgment_records(
         for i, rec in enumerate(make_prompt_records(task, n // 2 if paired else n, seed, **options)):
             wrong = _wrong(rec, rng)
             right = [True, False] if paired else [i % 2 == 0]
+            why = _rationale(rec) if rationale else ""
             out += [
                 pointwise_judgment_record(
-                    rec, rec.answer if ok else wrong, ok, template=judge_template, system=judge_system_prompt
+                    rec, rec.answer if ok else wrong, ok, why, template=judge_template, system=judge_system_prompt
                 )
                 for ok in right
             ]
@@ -590,9 +602,10 @@ def make_judgment_records(
         out = []
         for rec in make_prompt_records(task, n // 2, seed, **options):
             wrong = _wrong(rec, rng)
+            why = _rationale(rec) if rationale else ""
             out += [
-                pairwise_judgment_record(rec, rec.answer, wrong, "A"),
-                pairwise_judgment_record(rec, wrong, rec.answer, "B"),
+                pairwise_judgment_record(rec, rec.answer, wrong, "A", rationale=why),
+                pairwise_judgment_record(rec, wrong, rec.answer, "B", rationale=why),
             ]
         return out
     flags = [i % 2 == 0 for i in range(n)]
@@ -601,7 +614,8 @@ def make_judgment_records(
     for rec, flag in zip(make_prompt_records(task, n, seed, **options), flags):
         wrong = _wrong(rec, rng)
         a, b = (rec.answer, wrong) if flag else (wrong, rec.answer)
-        out.append(pairwise_judgment_record(rec, a, b, "A" if flag else "B"))
+        why = _rationale(rec) if rationale else ""
+        out.append(pairwise_judgment_record(rec, a, b, "A" if flag else "B", rationale=why))
     return out
 
 

@@ -8,7 +8,12 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from data_pipelines.formatting import JUDGE_SYSTEM_PROMPT, PAIRWISE_JUDGE_SYSTEM_PROMPT, judgment_prompt
+from data_pipelines.formatting import (
+    JUDGE_SYSTEM_PROMPT,
+    PAIRWISE_JUDGE_SYSTEM_PROMPT,
+    judgment_as_prompt,
+    judgment_prompt,
+)
 from data_pipelines.readers import read_records
 from data_pipelines.synthetic import (
     COLORS,
@@ -192,6 +197,18 @@ def test_judgment_records_pointwise_and_pairwise():
         right = "A" if j.metadata["answer_a"] == j.metadata["ground_truth"] else "B"
         assert j.target == f"<answer>{right}</answer>" and f"Response A: {j.metadata['answer_a']}\n" in j.prompt
         assert j.system == PAIRWISE_JUDGE_SYSTEM_PROMPT
+
+
+def test_judgment_records_with_a_rationale_state_the_reference_answer_before_the_verdict():
+    """``rationale=True`` (the pairwise colour judge's recipe): the target solves, then judges; the verdict and the
+    records are those without it."""
+    for mode, paired in (("pairwise", True), ("pairwise", False), ("pointwise", False), ("pointwise", True)):
+        plain = make_judgment_records("color", 8, seed=1, judge_mode=mode, paired=paired, num_colors=2)
+        why = make_judgment_records("color", 8, seed=1, judge_mode=mode, paired=paired, num_colors=2, rationale=True)
+        assert [j.prompt for j in why] == [j.prompt for j in plain] and len(why) == 8
+        for j, p in zip(why, plain):
+            assert j.target == f"The answer is {j.metadata['ground_truth']}. {p.target}"
+            assert judgment_as_prompt(j).answer == judgment_as_prompt(p).answer  # the verdict RL rewards
 
 
 def test_pointwise_judgments_are_in_the_pools_judge_format():

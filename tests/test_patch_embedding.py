@@ -1,6 +1,6 @@
-"""Qwen-VL vision towers embed their patches with a matrix product on CUDA (``use_linear_patch_embedding``, applied by
-``load_model``): the output and the gradients of the convolution it replaces, each within the rounding that any order
-of the same float32 sums allows, against float64; on a CPU the convolution itself, bit for bit."""
+"""Qwen-VL vision towers embed their patches with a matrix product (``use_linear_patch_embedding``, applied by
+``load_model``), on a CPU and on CUDA: the output and the gradients of the convolution it replaces, each within the
+rounding that any order of the same float32 sums allows, against float64."""
 
 from __future__ import annotations
 
@@ -74,37 +74,25 @@ def test_the_patch_product_gives_the_convolutions_output_and_gradients(tiny_mode
     within_the_dot_product_bound(embed, embed_with(embed, patch_product), f"{arch} patch product")
 
 
-@pytest.mark.parametrize("arch", ["qwen2_5_vl", "qwen3_vl"])
-def test_on_a_cpu_the_switched_patch_embedding_is_the_convolution_bit_for_bit(tiny_model, arch):
-    """The CPU keeps the convolution (the learning proofs' rounding): the switched module's output and gradients are
-    the plain convolution's exactly."""
-    model, _ = load_model(tiny_model(arch))
-    (embed,) = patch_embeddings(model)
-    x = torch.randn(33, embed.proj.weight[0].numel(), generator=torch.Generator().manual_seed(1), requires_grad=True)
-    results = []
-    for forward in (embed, embed_with(embed, lambda conv, p: type(conv).forward(conv, p))):
-        out = forward(x)
-        results.append((out, *torch.autograd.grad(out.square().sum(), (x, embed.proj.weight))))
-    for got, plain in zip(*results):
-        assert torch.equal(got, plain)
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here")
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="the patch product is CUDA's path; CPUs keep the convolution")
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=CUDA)])
 @pytest.mark.parametrize("arch", ["qwen2_5_vl", "qwen3_vl"])
-def test_on_cuda_the_patch_embedding_is_the_product(tiny_model, arch):
-    """Moved to CUDA after loading (as the strategies move it), the switched module computes the product: its output
-    is :func:`patch_product`'s bit for bit, and output and gradients are within the float32 dot-product bound of the
-    float64 convolution (cuDNN and cuBLAS in float32 with TF32 off)."""
+def test_the_switched_patch_embedding_is_the_product(tiny_model, arch, device):
+    """On the device the strategies put it on (moved after loading, as they move it), the switched module computes
+    the product: its output is :func:`patch_product`'s bit for bit, and output and gradients are within the float32
+    dot-product bound of the float64 convolution (on CUDA: cuBLAS in float32 with TF32 off)."""
     model, _ = load_model(tiny_model(arch))
     (embed,) = patch_embeddings(model)
-    embed.cuda()
+    embed.to(device)
     tf32 = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False  # float32 as float32 (the bound is float32's)
     try:
-        x = torch.randn(33, embed.proj.weight[0].numel(), device="cuda")
+        x = torch.randn(33, embed.proj.weight[0].numel(), generator=torch.Generator().manual_seed(1)).to(device)
         with torch.no_grad():
             assert torch.equal(embed(x), embed_with(embed, patch_product)(x))
-        within_the_dot_product_bound(embed, embed, f"{arch} on CUDA")
+        within_the_dot_product_bound(embed, embed, f"{arch} on {device}")
     finally:
         torch.backends.cuda.matmul.allow_tf32 = tf32
 

@@ -227,7 +227,7 @@ def test_trained_pairwise_judge_emits_verdicts_and_its_position_bias(tiny_model,
     args = [f"model.path={tiny_model('qwen2_5_vl')}", f"train.output_dir={run}", "logging.wandb=disabled"]
     assert main(["train-reward-model", str(config), *args, "logging.tensorboard=false"]) == 0
     pairs = write_records(make_preference_pairs("color", 64, seed=7, num_colors=2), tmp_path / "pairs.jsonl")
-    m = evaluate_benchmark(run / "final", str(pairs), layout="records", judge_mode="pairwise", max_new_tokens=12)
+    m = evaluate_benchmark(run / "final", str(pairs), layout="records", judge_mode="pairwise", max_new_tokens=24)
     print({k: v for k, v in m.items() if k.startswith(("position_bias", "accuracy", "unparsable"))})
     assert m["judgments"] == 128 and m["unparsable"] <= 6  # the trained judge writes verdicts
     assert m["position_bias/accuracy_swap"] >= 0.8

@@ -416,24 +416,19 @@ def use_varlen_vision_attention(model: torch.nn.Module) -> bool:
     return bool(attention)
 
 
-PATCH_PRODUCT_DEVICES = frozenset({"cuda"})  # where a patch embedding computes as a matrix product (below)
-
-
 def use_linear_patch_embedding(model: torch.nn.Module) -> int:
-    """A Qwen-VL vision tower's patch embedding computed as the matrix product it is, on the devices of
-    ``PATCH_PRODUCT_DEVICES``. Its ``Conv3d`` has its kernel as its stride, no padding, no dilation, no groups, and is
-    given whole patches (``[patches, channels, temporal, patch, patch]``): each goes in whole and one vector comes out,
-    so the convolution is ``F.linear`` of the flattened patches with the kernel flattened to ``[embed, channels *
-    temporal * patch * patch]``: the same products, summed in the GEMM's order instead of the convolution's (Higham's
-    dot-product bound holds for both; tests/test_patch_embedding.py).
+    """A Qwen-VL vision tower's patch embedding computed as the matrix product it is. Its ``Conv3d`` has its kernel as
+    its stride, no padding, no dilation, no groups, and is given whole patches (``[patches, channels, temporal, patch,
+    patch]``): each goes in whole and one vector comes out, so the convolution is ``F.linear`` of the flattened
+    patches with the kernel flattened to ``[embed, channels * temporal * patch * patch]``: the same products, summed
+    in the GEMM's order instead of the convolution's (Higham's dot-product bound holds for both;
+    tests/test_patch_embedding.py).
 
-    Why on CUDA: cuDNN's algorithms for this shape are pathological in some versions and dtypes (transformers
-    issue 45750: 50,000x the linear's time on Blackwell in bf16; SGLang-Omni measured 3.7 s a call on an H100 in bf16;
-    NVIDIA TAO replaced it where cuDNN 9.20 lacks the bf16 engine its backward needs); vLLM and SGLang compute it as a
-    linear. On a CPU the product is faster too (106 -> 23 ms at the CPU bench's images), but the convolution stays:
-    the CPU learning proofs were measured on its rounding, and three of them left their trajectories with the product
-    (docs/benchmarks.md, "Tried and reverted"). The decision is made at each call from the patches' device, so a
-    model loaded on the CPU and moved to a GPU by a strategy computes the product there.
+    Why: cuDNN's algorithms for this shape are pathological in some versions and dtypes (transformers issue 45750:
+    50,000x the linear's time on Blackwell in bf16; SGLang-Omni measured 3.7 s a call on an H100 in bf16; NVIDIA TAO
+    replaced it where cuDNN 9.20 lacks the bf16 engine its backward needs); vLLM and SGLang compute it as a linear. On
+    a CPU the product is 4-5x faster than the convolution, forward and backward (106 -> 23 ms at the CPU bench's
+    images, 3.36 -> 0.76 s at the 3B shape's; docs/benchmarks.md).
 
     The convolution module stays, with its parameter (``proj.weight``, 5-D, under its name) and its hooks, which
     DeepSpeed ZeRO-3 gathers the weight in: only its forward changes, so checkpoints, the weight stream to vLLM and the
@@ -463,9 +458,9 @@ def patch_product(conv: torch.nn.Conv3d, patches: torch.Tensor) -> torch.Tensor:
 
 
 def _patch_embedding_forward(conv: torch.nn.Conv3d, patches: torch.Tensor) -> torch.Tensor:
-    """The switched convolution's forward (:func:`use_linear_patch_embedding`): the product for whole patches on a
-    device of ``PATCH_PRODUCT_DEVICES``, the convolution itself otherwise."""
-    if patches.device.type in PATCH_PRODUCT_DEVICES and tuple(patches.shape[2:]) == tuple(conv.kernel_size):
+    """The switched convolution's forward (:func:`use_linear_patch_embedding`): the product for whole patches, the
+    convolution itself for anything else."""
+    if tuple(patches.shape[2:]) == tuple(conv.kernel_size):
         return patch_product(conv, patches)
     return type(conv).forward(conv, patches)
 

@@ -244,7 +244,7 @@ def load_model(
     auto = AutoModel if not lm_head else AutoModelForImageTextToText if vl else AutoModelForCausalLM
     model = auto.from_pretrained(name, dtype=torch_dtype(dtype), trust_remote_code=trust_remote_code)
     use_varlen_vision_attention(model)  # an SDPA vision tower: one attention call per window length, not per window
-    use_linear_patch_embedding(model)  # the patch convolution as the matrix product it is, on CUDA
+    use_linear_patch_embedding(model)  # the patch convolution as the matrix product it is
     if device is not None:
         model = model.to(device)
     return model, _processor(name, vl, trust_remote_code) if processor else None

@@ -161,7 +161,7 @@ def check_data_source(
     return report
 
 
-JUDGMENT_OPTIONS = ("judge_template", "judge_system_prompt")  # make_judgment_records' own keywords
+JUDGMENT_OPTIONS = ("judge_template", "judge_system_prompt", "rationale")  # make_judgment_records' own keywords
 
 
 def check_synthetic(data: Any, extra: tuple[str, ...] = ()) -> None:
