@@ -515,9 +515,9 @@ def make_prompt_records(task: str, n: int, seed: int = 0, **options: Any) -> lis
     ]
 
 
-def _rationale(rec: PromptRecord) -> str:
-    """A judge's rationale that solves the task before it judges: the reference answer, stated."""
-    return f"The answer is {rec.answer}."
+def _rationale(rec: PromptRecord, wanted: bool) -> str:
+    """A judge's rationale that solves the task before it judges (the reference answer, stated), if ``wanted``."""
+    return f"The answer is {rec.answer}." if wanted else ""
 
 
 def _wrong(rec: PromptRecord, rng: random.Random) -> str:
@@ -589,7 +589,7 @@ def make_judgment_records(
         for i, rec in enumerate(make_prompt_records(task, n // 2 if paired else n, seed, **options)):
             wrong = _wrong(rec, rng)
             right = [True, False] if paired else [i % 2 == 0]
-            why = _rationale(rec) if rationale else ""
+            why = _rationale(rec, rationale)
             out += [
                 pointwise_judgment_record(
                     rec, rec.answer if ok else wrong, ok, why, template=judge_template, system=judge_system_prompt
@@ -602,7 +602,7 @@ def make_judgment_records(
         out = []
         for rec in make_prompt_records(task, n // 2, seed, **options):
             wrong = _wrong(rec, rng)
-            why = _rationale(rec) if rationale else ""
+            why = _rationale(rec, rationale)
             out += [
                 pairwise_judgment_record(rec, rec.answer, wrong, "A", rationale=why),
                 pairwise_judgment_record(rec, wrong, rec.answer, "B", rationale=why),
@@ -614,7 +614,7 @@ def make_judgment_records(
     for rec, flag in zip(make_prompt_records(task, n, seed, **options), flags):
         wrong = _wrong(rec, rng)
         a, b = (rec.answer, wrong) if flag else (wrong, rec.answer)
-        why = _rationale(rec) if rationale else ""
+        why = _rationale(rec, rationale)
         out.append(pairwise_judgment_record(rec, a, b, "A" if flag else "B", rationale=why))
     return out
 

@@ -21,10 +21,9 @@ from vlrft.trainer.run import train_policy
 REPO = Path(__file__).resolve().parents[1]
 WARM = REPO / "configs" / "reward_model" / "grm_pairwise_color.yaml"
 RECIPE = REPO / "configs" / "policy" / "judge_rl_pairwise.yaml"
-WARM_STEPS = (
-    100  # the recipe's warm start (train.seed 4): one colour judged right in both orders, the other by position
-)
-WARM_SEED = 4  # its trajectory: the same figures with the patch product and the convolution's rounding (docs)
+# the recipe's warm start: one colour judged right in both orders, the other by position; its trajectory gave the
+# same figures with the patch product's and the convolution's rounding (docs/reward-models.md)
+WARM_STEPS, WARM_SEED = 100, 4
 JUDGE_TOKENS = 24  # the rationale, the tagged verdict, the end token
 QUIET = ["logging.wandb=disabled", "logging.tensorboard=false"]
 
@@ -40,14 +39,12 @@ def _judge(model: Path, pairs: Path) -> dict:
 def test_pairwise_judge_rl_improves_a_short_warm_start(tiny_model, tmp_path):
     """Learning proof: held-out accuracy (in each order) and position consistency >= 0.9 after RL, from a
     warm start below that; the RL run's own held-out judgment accuracy stays >= 0.9 at every evaluation from step
-    20 on, not only at the last. Measured 2026-11-26 (AMD EPYC with AVX2, one thread; the tests pin the CPU
-    arithmetic to AVX2, tests/conftest.py): the 125-step warm start judges 0.75 of the RL held-out judgments and, on
-    64 pairs in both orders, order AB 0.5, order BA 1.0, consistency 0.5 (A in 0.25 of its verdicts: a position
-    bias); RL held-out accuracy 0.75 (step 0), 0.75 (10), 1.0 (20), 1.0 (30); after RL AB 1.0, BA 1.0, consistency
-    1.0, A in 0.5 of verdicts, 0 unparsable; 80 s. The warm start's saddle timing is float-rounding dependent
-    (docs): unpinned on an AVX-512 EPYC 125 steps were still at the saddle and 175 were the recipe; on AVX2 the
-    175-step warm start had already learned (1.0, nothing left for RL), and a 100-step one (also 0.75) stays at
-    0.75 through 60 RL steps."""
+    20 on, not only at the last. Measured 2026-11-29 (AMD EPYC, one thread; the tests pin the CPU arithmetic to
+    AVX2, tests/conftest.py): the 100-step warm start (seed 4, the judge's rationale) judges 0.75 of the RL held-out
+    judgments and, on 64 pairs in both orders, order AB 1.0, order BA 0.5, consistency 0.5 (A in 0.75 of its
+    verdicts: a position bias); RL held-out accuracy 0.75 (step 0), 1.0 (10, 20, 30); after RL AB 1.0, BA 1.0,
+    consistency 1.0, A in 0.5 of verdicts, 0 unparsable. The same figures with the convolution's rounding; RL from
+    other 0.75 warm starts is less sure (3 of 6 finished within 100 steps: docs/reward-models.md)."""
     warm = tmp_path / "warm"
     over = [f"model.path={tiny_model('qwen2_5_vl')}", f"train.output_dir={warm}", f"train.max_steps={WARM_STEPS}"]
     over.append(f"train.seed={WARM_SEED}")
