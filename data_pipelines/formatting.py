@@ -131,6 +131,11 @@ def judgment_prompt(prompt: str, response: str, template: str = POINTWISE_JUDGE_
     return template.replace("{prompt}", prompt).replace("{response}", response)
 
 
+def judge_target(verdict: str, rationale: str = "") -> str:
+    """A judge's training target, pointwise or pairwise: ``[rationale ]<answer>verdict</answer>``."""
+    return (f"{rationale} " if rationale else "") + f"<answer>{verdict}</answer>"
+
+
 def pointwise_judgment_record(
     record: PromptRecord,
     response: str,
@@ -145,7 +150,7 @@ def pointwise_judgment_record(
         id=f"{record.id}/{response}",
         prompt=judgment_prompt(record.prompt, response, template),
         images=record.images,
-        target=(f"{rationale} " if rationale else "") + f"<answer>{verdict}</answer>",
+        target=judge_target(verdict, rationale),
         task=record.task,
         system=system,
         metadata={**record.metadata, "candidate": response, "verdict": verdict},
@@ -173,7 +178,7 @@ def pairwise_judgment_record(
         id=f"{record.id}/{a}|{b}",
         prompt=pairwise_prompt(record.prompt, a, b, template),
         images=record.images,
-        target=(f"{rationale} " if rationale else "") + f"<answer>{verdict}</answer>",
+        target=judge_target(verdict, rationale),
         task=record.task,
         system=system,
         metadata={**record.metadata, "answer_a": a, "answer_b": b, "judge_mode": "pairwise", "verdict": verdict},

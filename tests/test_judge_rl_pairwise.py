@@ -46,8 +46,8 @@ def test_pairwise_judge_rl_improves_a_short_warm_start(tiny_model, tmp_path):
     consistency 1.0, A in 0.5 of verdicts, 0 unparsable. The same figures with the convolution's rounding; RL from
     other 0.75 warm starts is less sure (3 of 6 finished within 100 steps: docs/reward-models.md)."""
     warm = tmp_path / "warm"
-    over = [f"model.path={tiny_model('qwen2_5_vl')}", f"train.output_dir={warm}", f"train.max_steps={WARM_STEPS}"]
-    over.append(f"train.seed={WARM_SEED}")
+    over = [f"model.path={tiny_model('qwen2_5_vl')}", f"train.output_dir={warm}"]
+    over += [f"train.max_steps={WARM_STEPS}", f"train.seed={WARM_SEED}"]
     assert main(["train-reward-model", str(WARM), *over, *QUIET]) == 0
     pairs = write_records(make_preference_pairs("color", 64, seed=7, num_colors=2), tmp_path / "pairs.jsonl")
     before = _judge(warm / "final", pairs)
