@@ -633,3 +633,6 @@ def config_name(args) -> str:
 
 if __name__ == "__main__":
     main()
+    from vlrft.strategies import finish_process  # one rank of several ends here (its docstring says why)
+
+    sys.exit(finish_process(0))

@@ -81,6 +81,59 @@ def test_a_watching_rank_exits_with_code_2_naming_a_killed_peer_even_when_blocke
     assert f"DistributedError: rank 1 (pid {peer.pid} on {socket.gethostname()}) is gone" in err.decode()
 
 
+ENDING_RANK = """
+import atexit, sys, threading, time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+import torch, torch.distributed as dist
+from vlrft.strategies import finish_process, init_distributed
+
+out, codes = Path(sys.argv[1]), [int(c) for c in sys.argv[2].split(",")]
+rank, world = init_distributed()
+atexit.register(lambda: (out / f"atexit-{rank}").write_text("ran"))
+threading.Thread(target=lambda: (time.sleep(0.5), (out / f"thread-{rank}").write_text("joined"))).start()
+pool = ThreadPoolExecutor(1)  # left open: its idle worker is a non-daemon thread that waits for work
+pool.submit(time.sleep, 0).result()
+for _ in range(20):  # temporaries that the process group's worker threads release
+    dist.all_gather_into_tensor(torch.empty(2 * world), torch.full((2,), float(rank)))
+dist.barrier()
+sys.stdout = open(out / f"stdout-{rank}", "w", buffering=1 << 16)  # written only by a flush
+print(f"rank {rank} of {world}", end="")
+log = open(out / f"log-{rank}", "w")  # a file kept open and never flushed (as a user's reward function may keep one)
+log.write("logged")
+finish_process(codes[rank])
+(out / f"finalised-{rank}").write_text("after finish_process")
+"""
+
+
+@pytest.mark.distributed
+def test_a_rank_ends_through_its_exit_handlers_and_threads_with_its_code_not_the_interpreters_finalisation(tmp_path):
+    """``finish_process`` (vlrft.strategies.base) ends each rank of several with ``os._exit`` after Python's exit
+    handlers, the non-daemon threads and a flush of every open file: the interpreter's finalisation, where a gloo
+    worker thread may abort the process (SIGABRT after the work is done), never runs. Alone it returns the code."""
+    from vlrft.strategies import finish_process
+
+    assert finish_process(5) == 5  # this test process joined no group
+    script = tmp_path / "ending_rank.py"
+    script.write_text(ENDING_RANK)
+    for codes in ("0,0", "0,3"):
+        out = tmp_path / codes.replace(",", "-")
+        out.mkdir()
+        res = subprocess.run(
+            _torchrun([str(script), str(out), codes]), capture_output=True, text=True, env=_env(), timeout=300
+        )
+        if codes == "0,0":
+            assert res.returncode == 0, res.stderr[-3000:]
+        else:  # torchrun reports the rank's own code (and stops rank 0 if it is still running: not checked below)
+            assert res.returncode != 0 and "exitcode  : 3 " in res.stderr, res.stderr[-3000:]
+        for rank in (0, 1) if codes == "0,0" else (1,):
+            assert (out / f"atexit-{rank}").read_text() == "ran"
+            assert (out / f"thread-{rank}").read_text() == "joined"
+            assert (out / f"stdout-{rank}").read_text() == f"rank {rank} of 2"
+            assert (out / f"log-{rank}").read_text() == "logged"
+            assert not (out / f"finalised-{rank}").exists()
+
+
 def _torchrun(args: list[str], nproc: int = 2, port: int | None = None) -> list[str]:
     return [
         sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),

@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args([a for a in argv if a != "--debug"])
     debug = flagged or os.environ.get("VLRFT_DEBUG", "0") not in ("", "0", "false", "False")
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
     except Exception as exc:
         kind = known_failure(exc)
         if kind is None:
@@ -114,7 +114,12 @@ def main(argv: list[str] | None = None) -> int:
         if debug:
             traceback.print_exc()
         print(f"vlrft {args.command}: {kind}: {exc}", file=sys.stderr)
-        return exc.exit_code if isinstance(exc, KnownError) else 2
+        code = exc.exit_code if isinstance(exc, KnownError) else 2
+    if "torch.distributed" not in sys.modules:  # nothing imported torch, so no process group to end
+        return code
+    from vlrft.strategies.base import finish_process
+
+    return finish_process(code)
 
 
 if __name__ == "__main__":

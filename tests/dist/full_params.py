@@ -13,7 +13,7 @@ from transformers import AutoModelForImageTextToText, AutoProcessor
 import vlrft.models  # noqa: F401
 from data_pipelines.collate import collate_sequences, encode_prompt, model_inputs
 from data_pipelines.records import PromptRecord
-from vlrft.strategies import OptimConfig, StrategyConfig, make_strategy
+from vlrft.strategies import OptimConfig, StrategyConfig, finish_process, make_strategy
 
 
 def main() -> None:
@@ -47,3 +47,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    sys.exit(finish_process(0))

@@ -16,7 +16,7 @@ from vllm_sync import make_prompts, raise_likelihood, trainer_logprobs
 
 from vlrft.models.loading import load_model
 from vlrft.rollout import HFEngineConfig, SamplingParams, make_engine
-from vlrft.strategies import OptimConfig, StrategyConfig, make_strategy
+from vlrft.strategies import OptimConfig, StrategyConfig, finish_process, make_strategy
 
 
 def compare(copy, policy, model, processor, prompts) -> dict:
@@ -61,3 +61,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    sys.exit(finish_process(0))

@@ -17,7 +17,7 @@ from PIL import Image
 from data_pipelines.collate import collate_sequences, encode_prompt, model_inputs
 from data_pipelines.records import PromptRecord
 from vlrft.models.loading import load_model
-from vlrft.strategies import OptimConfig, StrategyConfig, make_strategy
+from vlrft.strategies import OptimConfig, StrategyConfig, finish_process, make_strategy
 
 
 def master_dtypes(strategy) -> list[str]:
@@ -69,3 +69,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    sys.exit(finish_process(0))

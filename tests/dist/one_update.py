@@ -23,7 +23,7 @@ from reward_models.pool import RewardPool
 from vlrft.config import load_config
 from vlrft.models.loading import load_model
 from vlrft.rollout import Rollout
-from vlrft.strategies import make_strategy
+from vlrft.strategies import finish_process, make_strategy
 from vlrft.trainer.config import PolicyTrainConfig
 from vlrft.trainer.experience import group_rollouts, score_rollouts
 from vlrft.trainer.policy_trainer import PolicyTrainer
@@ -75,3 +75,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    sys.exit(finish_process(0))

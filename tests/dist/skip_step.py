@@ -12,7 +12,7 @@ import torch
 from transformers import AutoModelForImageTextToText
 
 import vlrft.models  # noqa: F401
-from vlrft.strategies import OptimConfig, StrategyConfig, make_strategy
+from vlrft.strategies import OptimConfig, StrategyConfig, finish_process, make_strategy
 
 
 def _local(t):
@@ -73,3 +73,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    sys.exit(finish_process(0))

@@ -18,7 +18,7 @@ from data_pipelines.records import PromptRecord
 from data_pipelines.synthetic import make_prompt_records
 from vlrft.models.loading import load_model
 from vlrft.rollout import SamplingParams, VLLMRolloutEngine, stack_rollout_logprobs
-from vlrft.strategies import OptimConfig, StrategyConfig, make_strategy
+from vlrft.strategies import OptimConfig, StrategyConfig, finish_process, make_strategy
 from vlrft.trainer.experience import response_logprobs, response_tensors
 
 
@@ -106,3 +106,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    sys.exit(finish_process(0))
