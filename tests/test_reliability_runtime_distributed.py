@@ -82,7 +82,7 @@ def test_a_watching_rank_exits_with_code_2_naming_a_killed_peer_even_when_blocke
 
 
 ENDING_RANK = """
-import atexit, sys, threading, time
+import atexit, sys, threading, time, weakref
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 import torch, torch.distributed as dist
@@ -100,6 +100,9 @@ dist.barrier()
 sys.stdout = open(out / f"stdout-{rank}", "w", buffering=1 << 16)  # written only by a flush
 print(f"rank {rank} of {world}", end="")
 log = open(out / f"log-{rank}", "w")  # a file kept open and never flushed (as a user's reward function may keep one)
+gone = type("Gone", (), {})()
+proxy = weakref.proxy(gone)  # a weak proxy whose object is gone, as torch.compile leaves some: isinstance raises on it
+del gone
 log.write("logged")
 finish_process(codes[rank])
 (out / f"finalised-{rank}").write_text("after finish_process")

@@ -178,12 +178,15 @@ def finish_process(code: int) -> int:
     atexit._run_exitfuncs()
     # what finalisation would have written: every open file object's buffer (a user's reward function may keep a
     # log open), standard output and error last
-    files = [f for f in gc.get_objects() if isinstance(f, io.IOBase) and f not in (sys.stdout, sys.stderr)]
+    # by type, not isinstance: a weak proxy whose object is gone (torch.compile leaves some) raises on isinstance
+    files = [
+        f for f in gc.get_objects() if issubclass(type(f), io.IOBase) and f is not sys.stdout and f is not sys.stderr
+    ]
     for stream in [*files, sys.stdout, sys.stderr]:
         try:
             if not stream.closed and stream.writable():
                 stream.flush()
-        except (OSError, ValueError):  # closed meanwhile, or a broken pipe: nothing more can be written anyway
+        except Exception:  # closed meanwhile, a broken pipe, a file object of its own kind: the work is done anyway
             pass
     os._exit(code)
 
