@@ -1,9 +1,12 @@
 """How tests start vlrft in other processes: the environment (this checkout first on the path, one
-thread per process, a DeepSpeed kernel cache of its own) and torchrun command lines."""
+thread per process, a DeepSpeed kernel cache of its own), torchrun command lines, and how a job is run and,
+when it does not end, stopped with every process it started."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -14,7 +17,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def subprocess_env(**extra: str) -> dict[str, str]:
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", **extra)
+    # PYTHONFAULTHANDLER: a process that crashes, or that run_job stops with SIGABRT, prints every thread's stack
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", PYTHONFAULTHANDLER="1", **extra)
     env.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / ".cache" / "torch_extensions"))
     return env
 
@@ -36,11 +40,84 @@ def torchrun(*target: str, nproc: int = 2, port_offset: int = 0) -> list[str]:
     ]
 
 
+def _no_core_files() -> None:
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+
+def process_tree(pid: int) -> list[int]:
+    """``pid``'s descendants, read from /proc. torchrun starts each rank in a session of its own, so killing
+    torchrun's process group leaves its ranks running, and once torchrun is gone they are no longer its children."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError, ValueError):  # a process that ended while we read
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            children.setdefault(ppid, []).append(int(stat.parent.name))
+    out, todo = [], [pid]
+    while todo:
+        kids = children.get(todo.pop(), [])
+        out += kids
+        todo += kids
+    return out
+
+
+def kill_tree(proc: "subprocess.Popen", dump_s: float = 0.0) -> None:
+    """SIGKILL ``proc`` and every process it started (torchrun's ranks included), and reap it. With ``dump_s``,
+    first SIGABRT the descendants: a Python one started with ``subprocess_env()`` (PYTHONFAULTHANDLER) prints
+    every thread's stack, which says where a hung rank waits; they get ``dump_s`` seconds to write it."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(proc.pid, signal.SIGSTOP)  # no new child while the tree is read
+    tree = process_tree(proc.pid)
+    if dump_s and tree:
+        for pid in tree:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGABRT)
+        time.sleep(dump_s)
+    for pid in [proc.pid, *tree]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    proc.wait()
+
+
+def run_job(cmd: list[str], *, env: dict[str, str], timeout: float, cwd: Path | None = None):
+    """``subprocess.run(cmd, capture_output=True, text=True, ...)`` for a job that may start other processes (a
+    torchrun job, a trainer). A job that does not end within ``timeout`` seconds (keep it below pytest's
+    900-second limit), or a test interrupted meanwhile, leaves no process behind: the job's tree is stopped, its
+    Python processes' stacks printed, every process killed, and the test fails naming the command with the end of
+    its output (the stacks)."""
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=cwd,
+        start_new_session=True,
+        preexec_fn=_no_core_files,  # the SIGABRT below writes stacks, not gigabytes of core files
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except BaseException as exc:
+        kill_tree(proc, dump_s=3.0)
+        try:  # a process outside the tree (one that left it) may still hold the pipes
+            out, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            out, err = "", "(the output was not read: a process that left the job's tree holds its pipes)"
+        if not isinstance(exc, subprocess.TimeoutExpired):
+            raise
+        import pytest
+
+        pytest.fail(
+            f"{' '.join(map(str, cmd))} did not end within {timeout:g} s; its processes were killed. The end of "
+            f"its output (each Python process's stacks last):\n{out[-3000:]}\n{err[-20000:]}",
+            pytrace=False,
+        )
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
 def kill_when(proc: "subprocess.Popen", path: Path, timeout: float = 600, poll: float = 0.01) -> None:
-    """SIGKILL ``proc``'s process group (started with ``start_new_session=True``) as soon as ``path`` exists (or
-    the process has ended, or ``timeout`` seconds passed), and reap it."""
+    """SIGKILL ``proc`` and every process it started as soon as ``path`` exists (or the process has ended, or
+    ``timeout`` seconds passed), and reap it."""
     deadline = time.time() + timeout
     while not path.exists() and proc.poll() is None and time.time() < deadline:
         time.sleep(poll)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+    kill_tree(proc)

@@ -7,9 +7,8 @@ sample), so its tokens/s and KV-cache roofline were 8x too low at 8 samples per 
 from __future__ import annotations
 
 import json
-import subprocess
 
-from launch import REPO, subprocess_env, torchrun
+from launch import REPO, run_job, subprocess_env, torchrun
 
 
 def test_gpu_check_smoke_writes_its_json_and_no_checkpoint(tmp_path):
@@ -19,7 +18,7 @@ def test_gpu_check_smoke_writes_its_json_and_no_checkpoint(tmp_path):
     args += ["--micro-batch-tokens", "4096", "--json-dir", str(js), "--name", "smoke", "--out-dir", str(out)]
     args += ["--profile-step", "2", "--census-step", "2", "--census-where", "mm"]
     cmd = torchrun(str(REPO / "scripts" / "gpu_check.py"), *args, nproc=1)
-    done = subprocess.run(cmd, env=subprocess_env(), capture_output=True, text=True, timeout=600)
+    done = run_job(cmd, env=subprocess_env(), timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads((js / "smoke.json").read_text())
     assert result["complete"] and [s["step"] for s in result["steps"]] == [1, 2]

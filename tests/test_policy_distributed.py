@@ -3,13 +3,12 @@ process does on the same global batch."""
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from launch import subprocess_env, torchrun
+from launch import run_job, subprocess_env, torchrun
 from tolerance import assert_within
 
 SCRIPT = Path(__file__).parent / "dist" / "one_update.py"
@@ -31,7 +30,7 @@ def _run_script(name, args, nproc):
         cmd = [sys.executable, str(script), *args]
     else:
         cmd = torchrun(str(script), *args, nproc=nproc)
-    res = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=600)
+    res = run_job(cmd, env=_env(), timeout=600)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-6000:]
 
 
@@ -154,7 +153,7 @@ def test_train_policy_runs_under_torchrun(tiny_model, tmp_path, strategy, stage)
         "logging.tensorboard=false",
         "logging.progress_bar=false",
     )
-    res = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=900)
+    res = run_job(cmd, env=_env(), timeout=840)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-6000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["steps"] == 2 and summary["eval_after"]["num_prompts"] == 6

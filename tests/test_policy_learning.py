@@ -8,11 +8,10 @@ GRPO). DAPO and GSPO, and FSDP2 / ZeRO-2 under torchrun, run the same task and a
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
-from launch import subprocess_env, torchrun
+from launch import run_job, subprocess_env, torchrun
 
 from vlrft.commands.train_policy import DEMO_CONFIG
 from vlrft.config import load_config
@@ -104,6 +103,6 @@ def test_distributed_strategy_learns(strategy, tiny_model, tmp_path):
         "logging.progress_bar=false",
     )
     env = subprocess_env()
-    res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3000)
+    res = run_job(cmd, env=env, timeout=840)
     assert res.returncode == 0, res.stderr[-5000:]
     _assert_learned(json.loads((tmp_path / "summary.json").read_text()), tmp_path, quiet_from=100)

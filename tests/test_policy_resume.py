@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+from launch import run_job, subprocess_env
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -42,7 +44,7 @@ def _cmd(model_dir: Path, out: Path) -> list[str]:
 
 
 def _env():
-    return dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    return subprocess_env()
 
 
 def _order(out: Path) -> list[list[str]]:
@@ -54,7 +56,7 @@ def _order(out: Path) -> list[list[str]]:
 def test_sigkill_then_resume_is_bitwise_identical(tiny_model, tmp_path):
     model_dir = tiny_model("qwen2_5_vl")
     full = tmp_path / "uninterrupted"
-    res = subprocess.run(_cmd(model_dir, full), capture_output=True, text=True, env=_env(), timeout=900)
+    res = run_job(_cmd(model_dir, full), env=_env(), timeout=840)
     assert res.returncode == 0, res.stderr[-4000:]
 
     killed = tmp_path / "killed"
@@ -68,7 +70,7 @@ def test_sigkill_then_resume_is_bitwise_identical(tiny_model, tmp_path):
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert not (killed / "final").exists(), "the run finished before it was killed"
-    res = subprocess.run(_cmd(model_dir, killed), capture_output=True, text=True, env=_env(), timeout=900)
+    res = run_job(_cmd(model_dir, killed), env=_env(), timeout=840)
     assert res.returncode == 0, res.stderr[-4000:]
     assert "resumed from" in res.stderr + res.stdout
 

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from launch import subprocess_env
+from launch import run_job, subprocess_env
 
 from data_pipelines.synthetic import make_prompt_records
 from reward_models.pool import RewardPool
@@ -73,10 +73,8 @@ def test_the_last_progress_line_shows_the_final_evaluation(tiny_model, tmp_path)
 def test_a_single_process_run_prints_no_third_party_noise(tiny_model, tmp_path):
     out = tmp_path / "run"
     args = [*SHORT_RUN, "train.max_steps=1", f"model.path={tiny_model('qwen2_5_vl')}", f"train.output_dir={out}"]
-    res = subprocess.run(
+    res = run_job(
         [sys.executable, "-m", "vlrft", "train-policy", *args],
-        capture_output=True,
-        text=True,
         env=subprocess_env(),
         cwd=Path(__file__).resolve().parents[1],
         timeout=600,

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from launch import run_job, subprocess_env
 from safetensors.torch import load_file
 from tolerance import assert_within
 
@@ -25,9 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _env() -> dict:
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
-    env.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / ".cache" / "torch_extensions"))
-    return env
+    return subprocess_env()
 
 
 def _port() -> int:
@@ -122,9 +121,7 @@ def test_a_rank_ends_through_its_exit_handlers_and_threads_with_its_code_not_the
     for codes in ("0,0", "0,3"):
         out = tmp_path / codes.replace(",", "-")
         out.mkdir()
-        res = subprocess.run(
-            _torchrun([str(script), str(out), codes]), capture_output=True, text=True, env=_env(), timeout=300
-        )
+        res = run_job(_torchrun([str(script), str(out), codes]), env=_env(), timeout=300)
         if codes == "0,0":
             assert res.returncode == 0, res.stderr[-3000:]
         else:  # torchrun reports the rank's own code (and stops rank 0 if it is still running: not checked below)
@@ -135,6 +132,52 @@ def test_a_rank_ends_through_its_exit_handlers_and_threads_with_its_code_not_the
             assert (out / f"stdout-{rank}").read_text() == f"rank {rank} of 2"
             assert (out / f"log-{rank}").read_text() == "logged"
             assert not (out / f"finalised-{rank}").exists()
+
+
+HUNG_JOB = """
+import os, sys, time
+from pathlib import Path
+import torch
+import torch.distributed as dist
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+Path(sys.argv[1], f"pid-{rank}").write_text(str(os.getpid()))
+if rank == 0:
+    dist.all_reduce(torch.ones(1))  # rank 1 never joins: this waits for the group's timeout, 30 minutes
+time.sleep(3600)
+"""
+
+
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.distributed
+def test_a_job_that_does_not_end_fails_its_test_in_bounded_time_with_every_ranks_stack_and_leaves_no_process(
+    tmp_path,
+):
+    """The tests' ``run_job`` (tests/launch.py): a torchrun job that hangs fails the test at its timeout, not at
+    pytest's limit; the failure shows where each rank waited, and no rank is left running (torchrun starts each
+    in a session of its own, which killing torchrun alone leaves behind)."""
+    script = tmp_path / "hung.py"
+    script.write_text(HUNG_JOB)
+    start = time.monotonic()
+    with pytest.raises(pytest.fail.Exception) as failed:
+        run_job(_torchrun([str(script), str(tmp_path)]), env=_env(), timeout=30)
+    took = time.monotonic() - start
+    message = str(failed.value)
+    assert "did not end within 30 s" in message, message[-3000:]
+    assert f'File "{script}", line 10 in <module>' in message, message[-3000:]  # rank 0, in the collective
+    assert f'File "{script}", line 11 in <module>' in message, message[-3000:]  # rank 1, asleep
+    pids = [int((tmp_path / f"pid-{rank}").read_text()) for rank in (0, 1)]
+    deadline = time.monotonic() + 10  # killed ranks are reaped by init
+    while any(_running(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [pid for pid in pids if _running(pid)]
+    assert took < 30 + 20, took  # the timeout, the stacks' 3 s, the kill
 
 
 def _torchrun(args: list[str], nproc: int = 2, port: int | None = None) -> list[str]:
@@ -149,10 +192,9 @@ def _torchrun(args: list[str], nproc: int = 2, port: int | None = None) -> list[
 def test_nonfinite_step_is_skipped_bitwise_under_fsdp2_and_deepspeed(tiny_model, tmp_path):
     out = tmp_path / "skip.json"
     script = REPO / "tests" / "dist" / "skip_step.py"
-    res = subprocess.run(
-        _torchrun([str(script), str(tiny_model("qwen2_5_vl")), str(out), "fsdp2", "deepspeed"]),
-        capture_output=True, text=True, env=_env(), timeout=900,
-    )  # fmt: skip
+    res = run_job(
+        _torchrun([str(script), str(tiny_model("qwen2_5_vl")), str(out), "fsdp2", "deepspeed"]), env=_env(), timeout=840
+    )
     assert res.returncode == 0, res.stderr[-4000:]
     for rank in (0, 1):
         report = json.loads(Path(f"{out}.rank{rank}").read_text())
@@ -216,10 +258,7 @@ def test_a_lost_rank_ends_the_job_in_bounded_time_naming_it(tiny_model, tmp_path
 def test_two_torchrun_nodes_train_exactly_as_one_node_with_two_processes(tiny_model, tmp_path):
     model_dir = tiny_model("qwen2_5_vl")
     one = tmp_path / "one-node"
-    res = subprocess.run(
-        _torchrun(_train_args(model_dir, one, "train.max_steps=3")),
-        capture_output=True, text=True, env=_env(), timeout=900,
-    )  # fmt: skip
+    res = run_job(_torchrun(_train_args(model_dir, one, "train.max_steps=3")), env=_env(), timeout=840)
     assert res.returncode == 0, res.stderr[-4000:]
     two = tmp_path / "two-nodes"
     port = _port()

@@ -10,6 +10,7 @@ import subprocess
 import time
 
 import pytest
+from launch import run_job
 from test_policy_resume import _cmd, _env
 
 
@@ -18,7 +19,7 @@ from test_policy_resume import _cmd, _env
 def test_stopped_during_a_checkpoint_write_resumes_bitwise(tiny_model, tmp_path, sig):
     model_dir = tiny_model("qwen2_5_vl")
     full = tmp_path / "uninterrupted"
-    res = subprocess.run(_cmd(model_dir, full), capture_output=True, text=True, env=_env(), timeout=900)
+    res = run_job(_cmd(model_dir, full), env=_env(), timeout=840)
     assert res.returncode == 0, res.stderr[-4000:]
 
     run = tmp_path / "stopped"
@@ -48,7 +49,7 @@ def test_stopped_during_a_checkpoint_write_resumes_bitwise(tiny_model, tmp_path,
         assert proc.returncode != 0 and not lock.exists(), err[-2000:]
     else:
         assert json.loads(lock.read_text())["pid"] == proc.pid  # left behind, taken over below
-    res = subprocess.run(_cmd(model_dir, run), capture_output=True, text=True, env=_env(), timeout=900)
+    res = run_job(_cmd(model_dir, run), env=_env(), timeout=840)
     assert res.returncode == 0, res.stderr[-4000:]
     assert "resumed from" in res.stdout + res.stderr
     assert (full / "final" / "model.safetensors").read_bytes() == (run / "final" / "model.safetensors").read_bytes()

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from launch import kill_when, subprocess_env, torchrun
+from launch import kill_when, run_job, subprocess_env, torchrun
 from tolerance import assert_within
 
 from reward_models.scalar import ScalarRewardModel
@@ -161,9 +161,7 @@ def test_torchrun_two_ranks_match_one_process(tiny_model, tmp_path, strategy):
     args = _dist_args(model, single, "single")
     assert main(["train-reward-model", *[a for a in args if a != "train.batch_size=2"], "train.batch_size=4"]) == 0
     out = tmp_path / strategy
-    res = subprocess.run(
-        _torchrun(_dist_args(model, out, strategy)), capture_output=True, text=True, env=_env(), timeout=600
-    )
+    res = run_job(_torchrun(_dist_args(model, out, strategy)), env=_env(), timeout=600)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-6000:]
     # The bound: with eps = 1e-4 each AdamW step's slope in the gradient is at most ~lr / eps = 10; the ranks sum
     # the same float32 gradients in another order and batch layout (differences <= ~1e-6, ~100 ulps of elements
@@ -193,7 +191,7 @@ def test_torchrun_grm_trains_and_judges(tiny_model, tmp_path, strategy, stage):
         "data.synthetic_eval_size=5",
         "judge.max_new_tokens=6",
     ]
-    res = subprocess.run(_torchrun(args, 3), capture_output=True, text=True, env=_env(), timeout=600)
+    res = run_job(_torchrun(args, 3), env=_env(), timeout=600)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-6000:]
     final = json.loads((out / "summary.json").read_text())["eval_after"]
     assert final["n"] == 5 and final["unparsable"] == 5  # 2 steps at lr 1e-3: no verdicts yet
@@ -208,13 +206,7 @@ def test_killed_torchrun_run_resumes_exactly(tiny_model, tmp_path):
     """FSDP2 under torchrun, killed (SIGKILL) after its step-4 checkpoint, resumes to the same model."""
     model = tiny_model("qwen2_5_vl")
     ref = tmp_path / "ref"
-    res = subprocess.run(
-        _torchrun(_dist_args(model, ref, "fsdp2", steps=8, save_every=2)),
-        capture_output=True,
-        text=True,
-        env=_env(),
-        timeout=600,
-    )
+    res = run_job(_torchrun(_dist_args(model, ref, "fsdp2", steps=8, save_every=2)), env=_env(), timeout=600)
     assert res.returncode == 0, res.stderr[-6000:]
     run = tmp_path / "killed"
     # a slower run (one eval per step) so that the kill lands before the end
@@ -225,7 +217,7 @@ def test_killed_torchrun_run_resumes_exactly(tiny_model, tmp_path):
     ckpt = run / "checkpoints" / "step-000004" / "COMPLETE"
     kill_when(proc, ckpt, poll=0.05)
     assert ckpt.exists() and not (run / "final").exists(), "the run must be killed between step 4 and its end"
-    res = subprocess.run(_torchrun(args, 2), capture_output=True, text=True, env=_env(), timeout=600)
+    res = run_job(_torchrun(args, 2), env=_env(), timeout=600)
     assert res.returncode == 0, res.stderr[-6000:]
     assert "resumed from" in res.stdout + res.stderr
     # the resumed run repeats the same arithmetic on the same machine: expected 0 (bitwise); 1e-6 is far below

@@ -5,13 +5,12 @@ generation); ``auto`` leaves one CPU process as it was."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from launch import subprocess_env, torchrun
+from launch import run_job, subprocess_env, torchrun
 from tolerance import assert_within
 
 from vlrft.models.loading import load_model
@@ -45,7 +44,7 @@ def test_the_copy_samples_as_the_training_model_before_and_after_updates(tiny_mo
     out = tmp_path / "copy"
     args = [str(SCRIPT), str(tiny_model("qwen2_5_vl")), str(out), strategy]
     cmd = [sys.executable, *args] if strategy == "single" else torchrun(*args, nproc=2)
-    res = subprocess.run(cmd, capture_output=True, text=True, env=subprocess_env(), timeout=900)
+    res = run_job(cmd, env=subprocess_env(), timeout=840)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-6000:]
     ranks = sorted(tmp_path.glob("copy.*"))
     assert len(ranks) == (1 if strategy == "single" else 2)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from launch import kill_when, subprocess_env, torchrun
+from launch import kill_when, run_job, subprocess_env, torchrun
 from safetensors.torch import load_file
 
 from vlrft.cli import main
@@ -202,7 +202,7 @@ def test_sigterm_to_a_two_rank_fsdp2_run_checkpoints_and_continues_bitwise(tiny_
         return torchrun("-m", "vlrft", *_args("policy", model, out, *common), port_offset=offset)
 
     ref, run = tmp_path / "ref", tmp_path / "stopped"
-    res = subprocess.run(cmd(ref, 0), capture_output=True, text=True, env=subprocess_env(), timeout=900)
+    res = run_job(cmd(ref, 0), env=subprocess_env(), timeout=840)
     assert res.returncode == 0, res.stderr[-3000:]
     out = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     proc = subprocess.Popen(cmd(run, 1), env=subprocess_env(), start_new_session=True, **out)
@@ -217,7 +217,7 @@ def test_sigterm_to_a_two_rank_fsdp2_run_checkpoints_and_continues_bitwise(tiny_
     step = stopped.pop()
     assert (run / "checkpoints" / f"step-{step:06d}" / "COMPLETE").is_file() and not (run / "LOCK").exists()
     assert json.loads((run / "PREEMPTED").read_text())["signal"] == "SIGTERM"
-    res = subprocess.run(cmd(run, 2), capture_output=True, text=True, env=subprocess_env(), timeout=900)
+    res = run_job(cmd(run, 2), env=subprocess_env(), timeout=840)
     assert res.returncode == 0, res.stderr[-3000:]
     want, got = load_file(str(ref / "final" / "model.safetensors")), load_file(str(run / "final" / "model.safetensors"))
     assert set(want) == set(got) and all(torch.equal(want[k], got[k]) for k in want)  # bitwise

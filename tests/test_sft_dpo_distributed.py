@@ -4,11 +4,11 @@ on the same global batch (the SIGKILL resume of every trainer is tests/test_run_
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from launch import run_job, subprocess_env
 from safetensors.torch import load_file
 from tolerance import assert_within
 
@@ -17,9 +17,7 @@ QUIET = ["logging.wandb=disabled", "logging.progress_bar=false", "logging.tensor
 
 
 def _env() -> dict:
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
-    env.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / ".cache" / "torch_extensions"))
-    return env
+    return subprocess_env()
 
 
 def _cmd(command: str, args: list[str], nproc: int, port_offset: int = 0) -> list[str]:
@@ -31,9 +29,7 @@ def _cmd(command: str, args: list[str], nproc: int, port_offset: int = 0) -> lis
 
 
 def _run(command: str, args: list[str], nproc: int, port_offset: int = 0) -> str:
-    res = subprocess.run(
-        _cmd(command, args, nproc, port_offset), capture_output=True, text=True, env=_env(), timeout=600
-    )
+    res = run_job(_cmd(command, args, nproc, port_offset), env=_env(), timeout=600)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-6000:]
     return res.stdout + res.stderr
 

@@ -4,13 +4,12 @@ bf16 on 2 gloo ranks, autocast in one process) trains; ``auto`` leaves a CPU run
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from launch import subprocess_env, torchrun
+from launch import run_job, subprocess_env, torchrun
 
 from vlrft.strategies import StrategyConfig
 
@@ -22,7 +21,7 @@ def _run(tiny_model, tmp_path, strategy: str, mixed: str) -> list[dict]:
     out = tmp_path / "mp"
     args = [str(SCRIPT), str(tiny_model("qwen2_5_vl")), str(out), strategy, mixed]
     cmd = [sys.executable, *args] if strategy == "single" else torchrun(*args, nproc=2)
-    res = subprocess.run(cmd, capture_output=True, text=True, env=subprocess_env(), timeout=900)
+    res = run_job(cmd, env=subprocess_env(), timeout=840)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-6000:]
     reports = [json.loads(f.read_text()) for f in sorted(tmp_path.glob("mp.*"))]
     assert len(reports) == (1 if strategy == "single" else 2)
