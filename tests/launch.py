@@ -13,6 +13,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -38,10 +40,6 @@ def torchrun(*target: str, nproc: int = 2, port_offset: int = 0) -> list[str]:
         str(port),
         *target,
     ]
-
-
-def _no_core_files() -> None:
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
 
 def process_tree(pid: int) -> list[int]:
@@ -84,15 +82,11 @@ def run_job(cmd: list[str], *, env: dict[str, str], timeout: float, cwd: Path | 
     900-second limit), or a test interrupted meanwhile, leaves no process behind: the job's tree is stopped, its
     Python processes' stacks printed, every process killed, and the test fails naming the command with the end of
     its output (the stacks)."""
+    # the SIGABRT below is to print stacks, not to write a core file per rank: no core files in this process and
+    # what it starts (set here, not in a preexec_fn, which is unsafe in a process with threads such as pytest-xdist's)
+    resource.setrlimit(resource.RLIMIT_CORE, (0, resource.getrlimit(resource.RLIMIT_CORE)[1]))
     proc = subprocess.Popen(
-        cmd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        cwd=cwd,
-        start_new_session=True,
-        preexec_fn=_no_core_files,  # the SIGABRT below writes stacks, not gigabytes of core files
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd, start_new_session=True
     )
     try:
         out, err = proc.communicate(timeout=timeout)
@@ -104,8 +98,6 @@ def run_job(cmd: list[str], *, env: dict[str, str], timeout: float, cwd: Path | 
             out, err = "", "(the output was not read: a process that left the job's tree holds its pipes)"
         if not isinstance(exc, subprocess.TimeoutExpired):
             raise
-        import pytest
-
         pytest.fail(
             f"{' '.join(map(str, cmd))} did not end within {timeout:g} s; its processes were killed. The end of "
             f"its output (each Python process's stacks last):\n{out[-3000:]}\n{err[-20000:]}",

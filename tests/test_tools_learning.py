@@ -71,12 +71,15 @@ def _mean(rows: list[dict], key: str) -> float:
     return sum(r[key] for r in rows) / len(rows)
 
 
+LATE = 50  # from this step on the policy is to have learned (the evaluations every 25 steps: 50, 75, 100)
+
+
 def check_rl_learns_when_and_where_to_zoom(result: dict) -> dict:
     """The proof's assertions, on either engine; returns the figures it printed."""
     rows = result["rows"]
     evals = [r for r in rows if "eval/accuracy" in r]
     with_tools = {r["step"]: r["eval/accuracy"] for r in evals}
-    withheld = [r["eval/withheld/accuracy"] for r in evals]
+    withheld = {r["step"]: r["eval/withheld/accuracy"] for r in evals}
     train = [r for r in rows if "tools/call_rate" in r]
     figures = {
         "sft": result["sft"],
@@ -89,13 +92,12 @@ def check_rl_learns_when_and_where_to_zoom(result: dict) -> dict:
     assert result["sft"] >= 0.9, figures  # stage 1 taught the call and the reading (measured 1.0)
     assert result["sft_rarely"] <= 0.4, figures  # greedy answers at once: chance 0.25 (measured 0.25)
     assert with_tools[0] <= 0.4, figures  # and RL starts there: chance (measured 0.25 on hf and on vllm)
-    late = [a for step, a in with_tools.items() if step >= 50]  # not the last evaluation alone
+    late = [a for step, a in with_tools.items() if step >= LATE]  # not the last evaluation alone
     assert len(late) >= 3 and min(late) >= 0.9, figures  # measured 1.0 at 50-100 (hf: 0.66 at 25)
     # the answer is the tool's: never above chance without it, and at chance once learned (a policy mid-way may not
     # answer at all when its zoom shows a blank: measured on vllm at step 25, format 0, accuracy 0.0)
-    assert all(a <= 0.25 + 0.1 for a in withheld), figures
-    late_withheld = [r["eval/withheld/accuracy"] for r in evals if r["step"] >= 50]
-    assert all(abs(a - 0.25) <= 0.1 for a in late_withheld), figures
+    assert all(a <= 0.25 + 0.1 for a in withheld.values()), figures
+    assert all(abs(a - 0.25) <= 0.1 for step, a in withheld.items() if step >= LATE), figures
     assert figures["tools/call_rate"][0] <= 0.5 and figures["tools/call_rate"][1] >= 0.9, figures
     assert figures["reward/right_region"][1] >= 0.9, figures
     return figures
