@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from vlrft.processes import stat_fields
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -46,10 +48,10 @@ def process_tree(pid: int) -> list[int]:
     """``pid``'s descendants, read from /proc. torchrun starts each rank in a session of its own, so killing
     torchrun's process group leaves its ranks running, and once torchrun is gone they are no longer its children."""
     children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, IndexError, ValueError):  # a process that ended while we read
-            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-            children.setdefault(ppid, []).append(int(stat.parent.name))
+    for entry in Path("/proc").glob("[0-9]*"):
+        fields = stat_fields(int(entry.name))  # None for a process that ended meanwhile
+        if fields:
+            children.setdefault(int(fields[1]), []).append(int(entry.name))  # fields[1]: the parent's pid
     out, todo = [], [pid]
     while todo:
         kids = children.get(todo.pop(), [])

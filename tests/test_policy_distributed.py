@@ -15,10 +15,6 @@ SCRIPT = Path(__file__).parent / "dist" / "one_update.py"
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _env():
-    return subprocess_env()
-
-
 def _run(args, nproc):
     _run_script(SCRIPT.name, args, nproc)
 
@@ -30,7 +26,7 @@ def _run_script(name, args, nproc):
         cmd = [sys.executable, str(script), *args]
     else:
         cmd = torchrun(str(script), *args, nproc=nproc)
-    res = run_job(cmd, env=_env(), timeout=600)
+    res = run_job(cmd, env=subprocess_env(), timeout=600)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-6000:]
 
 
@@ -153,7 +149,7 @@ def test_train_policy_runs_under_torchrun(tiny_model, tmp_path, strategy, stage)
         "logging.tensorboard=false",
         "logging.progress_bar=false",
     )
-    res = run_job(cmd, env=_env(), timeout=840)
+    res = run_job(cmd, env=subprocess_env(), timeout=840)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-6000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["steps"] == 2 and summary["eval_after"]["num_prompts"] == 6

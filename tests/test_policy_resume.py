@@ -43,10 +43,6 @@ def _cmd(model_dir: Path, out: Path) -> list[str]:
     ]
 
 
-def _env():
-    return subprocess_env()
-
-
 def _order(out: Path) -> list[list[str]]:
     rows = [json.loads(x) for x in (out / "data_order.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(1, len(rows) + 1))
@@ -56,11 +52,13 @@ def _order(out: Path) -> list[list[str]]:
 def test_sigkill_then_resume_is_bitwise_identical(tiny_model, tmp_path):
     model_dir = tiny_model("qwen2_5_vl")
     full = tmp_path / "uninterrupted"
-    res = run_job(_cmd(model_dir, full), env=_env(), timeout=840)
+    res = run_job(_cmd(model_dir, full), env=subprocess_env(), timeout=840)
     assert res.returncode == 0, res.stderr[-4000:]
 
     killed = tmp_path / "killed"
-    proc = subprocess.Popen(_cmd(model_dir, killed), env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        _cmd(model_dir, killed), env=subprocess_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     ckpts = killed / "checkpoints"
     deadline = time.time() + 600
     target = random.Random(os.getpid()).randint(1, 3)  # kill somewhere after checkpoint `target` exists
@@ -70,7 +68,7 @@ def test_sigkill_then_resume_is_bitwise_identical(tiny_model, tmp_path):
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert not (killed / "final").exists(), "the run finished before it was killed"
-    res = run_job(_cmd(model_dir, killed), env=_env(), timeout=840)
+    res = run_job(_cmd(model_dir, killed), env=subprocess_env(), timeout=840)
     assert res.returncode == 0, res.stderr[-4000:]
     assert "resumed from" in res.stderr + res.stdout
 

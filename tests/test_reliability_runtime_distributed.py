@@ -21,12 +21,9 @@ from tolerance import assert_within
 
 from vlrft.errors import DistributedError
 from vlrft.liveness import LOST_EXIT_CODE, lost_rank
+from vlrft.processes import gone
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def _env() -> dict:
-    return subprocess_env()
 
 
 def _port() -> int:
@@ -70,7 +67,9 @@ def test_a_watching_rank_exits_with_code_2_naming_a_killed_peer_even_when_blocke
         f"LivenessMonitor({str(tmp_path)!r}, 0, 2, timeout_s=30, interval_s=0.2).start(); "
         "print('watching', flush=True); threading.Event().wait()"
     )
-    watcher = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env())
+    watcher = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=subprocess_env()
+    )
     assert watcher.stdout.readline().strip() == b"watching"
     peer.kill()
     peer.wait()
@@ -121,7 +120,7 @@ def test_a_rank_ends_through_its_exit_handlers_and_threads_with_its_code_not_the
     for codes in ("0,0", "0,3"):
         out = tmp_path / codes.replace(",", "-")
         out.mkdir()
-        res = run_job(_torchrun([str(script), str(out), codes]), env=_env(), timeout=300)
+        res = run_job(_torchrun([str(script), str(out), codes]), env=subprocess_env(), timeout=300)
         if codes == "0,0":
             assert res.returncode == 0, res.stderr[-3000:]
         else:  # torchrun reports the rank's own code (and stops rank 0 if it is still running: not checked below)
@@ -135,24 +134,18 @@ def test_a_rank_ends_through_its_exit_handlers_and_threads_with_its_code_not_the
 
 
 HUNG_JOB = """
-import os, sys, time
+import json, sys, time
 from pathlib import Path
 import torch
 import torch.distributed as dist
+from vlrft.processes import identity
 dist.init_process_group("gloo")
 rank = dist.get_rank()
-Path(sys.argv[1], f"pid-{rank}").write_text(str(os.getpid()))
+Path(sys.argv[1], f"rank-{rank}.json").write_text(json.dumps(identity()))
 if rank == 0:
     dist.all_reduce(torch.ones(1))  # rank 1 never joins: this waits for the group's timeout, 30 minutes
 time.sleep(3600)
 """
-
-
-def _running(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 @pytest.mark.distributed
@@ -166,17 +159,17 @@ def test_a_job_that_does_not_end_fails_its_test_in_bounded_time_with_every_ranks
     script.write_text(HUNG_JOB)
     start = time.monotonic()
     with pytest.raises(pytest.fail.Exception) as failed:
-        run_job(_torchrun([str(script), str(tmp_path)]), env=_env(), timeout=30)
+        run_job(_torchrun([str(script), str(tmp_path)]), env=subprocess_env(), timeout=30)
     took = time.monotonic() - start
     message = str(failed.value)
     assert "did not end within 30 s" in message, message[-3000:]
-    assert f'File "{script}", line 10 in <module>' in message, message[-3000:]  # rank 0, in the collective
-    assert f'File "{script}", line 11 in <module>' in message, message[-3000:]  # rank 1, asleep
-    pids = [int((tmp_path / f"pid-{rank}").read_text()) for rank in (0, 1)]
+    assert f'File "{script}", line 11 in <module>' in message, message[-3000:]  # rank 0, in the collective
+    assert f'File "{script}", line 12 in <module>' in message, message[-3000:]  # rank 1, asleep
+    ranks = [json.loads((tmp_path / f"rank-{rank}.json").read_text()) for rank in (0, 1)]
     deadline = time.monotonic() + 10  # killed ranks are reaped by init
-    while any(_running(pid) for pid in pids) and time.monotonic() < deadline:
+    while any(gone(r) is None for r in ranks) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not [pid for pid in pids if _running(pid)]
+    assert all(gone(r) is not None for r in ranks), [gone(r) for r in ranks]  # not running, or a zombie
     assert took < 30 + 20, took  # the timeout, the stacks' 3 s, the kill
 
 
@@ -193,7 +186,9 @@ def test_nonfinite_step_is_skipped_bitwise_under_fsdp2_and_deepspeed(tiny_model,
     out = tmp_path / "skip.json"
     script = REPO / "tests" / "dist" / "skip_step.py"
     res = run_job(
-        _torchrun([str(script), str(tiny_model("qwen2_5_vl")), str(out), "fsdp2", "deepspeed"]), env=_env(), timeout=840
+        _torchrun([str(script), str(tiny_model("qwen2_5_vl")), str(out), "fsdp2", "deepspeed"]),
+        env=subprocess_env(),
+        timeout=840,
     )
     assert res.returncode == 0, res.stderr[-4000:]
     for rank in (0, 1):
@@ -231,7 +226,9 @@ def _wait_for(path: Path, timeout: float) -> dict:
 def test_a_lost_rank_ends_the_job_in_bounded_time_naming_it(tiny_model, tmp_path, fault):
     out = tmp_path / "run"
     args = _train_args(tiny_model("qwen2_5_vl"), out, "train.max_steps=400", "strategy.heartbeat_timeout_s=10")
-    job = subprocess.Popen(_torchrun(args), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env())
+    job = subprocess.Popen(
+        _torchrun(args), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=subprocess_env()
+    )
     victim = _wait_for(out / ".liveness" / "rank-1.json", 300)
     time.sleep(3)  # inside the training loop
     t0 = time.time()
@@ -258,7 +255,7 @@ def test_a_lost_rank_ends_the_job_in_bounded_time_naming_it(tiny_model, tmp_path
 def test_two_torchrun_nodes_train_exactly_as_one_node_with_two_processes(tiny_model, tmp_path):
     model_dir = tiny_model("qwen2_5_vl")
     one = tmp_path / "one-node"
-    res = run_job(_torchrun(_train_args(model_dir, one, "train.max_steps=3")), env=_env(), timeout=840)
+    res = run_job(_torchrun(_train_args(model_dir, one, "train.max_steps=3")), env=subprocess_env(), timeout=840)
     assert res.returncode == 0, res.stderr[-4000:]
     two = tmp_path / "two-nodes"
     port = _port()
@@ -283,7 +280,7 @@ def test_two_torchrun_nodes_train_exactly_as_one_node_with_two_processes(tiny_mo
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
-            env=_env(),
+            env=subprocess_env(),
         )  # fmt: skip
         for _ in range(2)
     ]

@@ -10,8 +10,8 @@ import subprocess
 import time
 
 import pytest
-from launch import run_job
-from test_policy_resume import _cmd, _env
+from launch import run_job, subprocess_env
+from test_policy_resume import _cmd
 
 
 @pytest.mark.slow
@@ -19,7 +19,7 @@ from test_policy_resume import _cmd, _env
 def test_stopped_during_a_checkpoint_write_resumes_bitwise(tiny_model, tmp_path, sig):
     model_dir = tiny_model("qwen2_5_vl")
     full = tmp_path / "uninterrupted"
-    res = run_job(_cmd(model_dir, full), env=_env(), timeout=840)
+    res = run_job(_cmd(model_dir, full), env=subprocess_env(), timeout=840)
     assert res.returncode == 0, res.stderr[-4000:]
 
     run = tmp_path / "stopped"
@@ -27,7 +27,7 @@ def test_stopped_during_a_checkpoint_write_resumes_bitwise(tiny_model, tmp_path,
     # and Python then installs no KeyboardInterrupt handler, so the Ctrl-C below would be ignored
     proc = subprocess.Popen(
         _cmd(model_dir, run),
-        env=_env(),
+        env=subprocess_env(),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
@@ -49,7 +49,7 @@ def test_stopped_during_a_checkpoint_write_resumes_bitwise(tiny_model, tmp_path,
         assert proc.returncode != 0 and not lock.exists(), err[-2000:]
     else:
         assert json.loads(lock.read_text())["pid"] == proc.pid  # left behind, taken over below
-    res = run_job(_cmd(model_dir, run), env=_env(), timeout=840)
+    res = run_job(_cmd(model_dir, run), env=subprocess_env(), timeout=840)
     assert res.returncode == 0, res.stderr[-4000:]
     assert "resumed from" in res.stdout + res.stderr
     assert (full / "final" / "model.safetensors").read_bytes() == (run / "final" / "model.safetensors").read_bytes()

@@ -24,10 +24,6 @@ def _metrics(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
-def _env() -> dict:
-    return subprocess_env()
-
-
 def _torchrun(args: list[str], port_offset: int = 0) -> list[str]:
     return torchrun("-m", "vlrft", "train-reward-model", *args, port_offset=port_offset)
 
@@ -161,7 +157,7 @@ def test_torchrun_two_ranks_match_one_process(tiny_model, tmp_path, strategy):
     args = _dist_args(model, single, "single")
     assert main(["train-reward-model", *[a for a in args if a != "train.batch_size=2"], "train.batch_size=4"]) == 0
     out = tmp_path / strategy
-    res = run_job(_torchrun(_dist_args(model, out, strategy)), env=_env(), timeout=600)
+    res = run_job(_torchrun(_dist_args(model, out, strategy)), env=subprocess_env(), timeout=600)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-6000:]
     # The bound: with eps = 1e-4 each AdamW step's slope in the gradient is at most ~lr / eps = 10; the ranks sum
     # the same float32 gradients in another order and batch layout (differences <= ~1e-6, ~100 ulps of elements
@@ -191,7 +187,7 @@ def test_torchrun_grm_trains_and_judges(tiny_model, tmp_path, strategy, stage):
         "data.synthetic_eval_size=5",
         "judge.max_new_tokens=6",
     ]
-    res = run_job(_torchrun(args, 3), env=_env(), timeout=600)
+    res = run_job(_torchrun(args, 3), env=subprocess_env(), timeout=600)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-6000:]
     final = json.loads((out / "summary.json").read_text())["eval_after"]
     assert final["n"] == 5 and final["unparsable"] == 5  # 2 steps at lr 1e-3: no verdicts yet
@@ -206,18 +202,22 @@ def test_killed_torchrun_run_resumes_exactly(tiny_model, tmp_path):
     """FSDP2 under torchrun, killed (SIGKILL) after its step-4 checkpoint, resumes to the same model."""
     model = tiny_model("qwen2_5_vl")
     ref = tmp_path / "ref"
-    res = run_job(_torchrun(_dist_args(model, ref, "fsdp2", steps=8, save_every=2)), env=_env(), timeout=600)
+    res = run_job(_torchrun(_dist_args(model, ref, "fsdp2", steps=8, save_every=2)), env=subprocess_env(), timeout=600)
     assert res.returncode == 0, res.stderr[-6000:]
     run = tmp_path / "killed"
     # a slower run (one eval per step) so that the kill lands before the end
     args = _dist_args(model, run, "fsdp2", steps=8, save_every=2) + ["train.eval_every=1"]
     proc = subprocess.Popen(
-        _torchrun(args, 1), env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+        _torchrun(args, 1),
+        env=subprocess_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
     )
     ckpt = run / "checkpoints" / "step-000004" / "COMPLETE"
     kill_when(proc, ckpt, poll=0.05)
     assert ckpt.exists() and not (run / "final").exists(), "the run must be killed between step 4 and its end"
-    res = run_job(_torchrun(args, 2), env=_env(), timeout=600)
+    res = run_job(_torchrun(args, 2), env=subprocess_env(), timeout=600)
     assert res.returncode == 0, res.stderr[-6000:]
     assert "resumed from" in res.stdout + res.stderr
     # the resumed run repeats the same arithmetic on the same machine: expected 0 (bitwise); 1e-6 is far below

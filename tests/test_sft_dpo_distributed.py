@@ -16,10 +16,6 @@ REPO = Path(__file__).resolve().parents[1]
 QUIET = ["logging.wandb=disabled", "logging.progress_bar=false", "logging.tensorboard=false"]
 
 
-def _env() -> dict:
-    return subprocess_env()
-
-
 def _cmd(command: str, args: list[str], nproc: int, port_offset: int = 0) -> list[str]:
     if nproc == 1:
         return [sys.executable, "-m", "vlrft", command, *args]
@@ -29,7 +25,7 @@ def _cmd(command: str, args: list[str], nproc: int, port_offset: int = 0) -> lis
 
 
 def _run(command: str, args: list[str], nproc: int, port_offset: int = 0) -> str:
-    res = run_job(_cmd(command, args, nproc, port_offset), env=_env(), timeout=600)
+    res = run_job(_cmd(command, args, nproc, port_offset), env=subprocess_env(), timeout=600)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-6000:]
     return res.stdout + res.stderr
 

@@ -23,8 +23,8 @@ pytest.importorskip(
 )
 
 import torch  # noqa: E402
+from launch import subprocess_env  # noqa: E402
 
-from tests.test_policy_distributed import _env  # noqa: E402
 from vlrft.models.loading import load_model  # noqa: E402
 from vlrft.rollout import HFRolloutEngine, SamplingParams, VLLMRolloutEngine  # noqa: E402
 
@@ -84,7 +84,7 @@ def test_the_colocated_engine_leaves_the_trainers_torch_threads_alone(tiny_model
     """On CPU the engine lives in the trainer's process; vLLM would cut it to one torch thread and make
     torch.set_num_threads a no-op (the update and log-prob passes then ran on one core)."""
     path = tiny_model("qwen2", **SIZES)
-    env = {k: v for k, v in _env().items() if k != "OMP_NUM_THREADS"}
+    env = {k: v for k, v in subprocess_env().items() if k != "OMP_NUM_THREADS"}
     res = subprocess.run(
         [sys.executable, "-c", THREADS_PROBE, str(path)], capture_output=True, text=True, env=env, timeout=600
     )
@@ -115,7 +115,11 @@ def test_sync_after_optimizer_steps_and_skipped_sync_detected(strategy, tiny_mod
         launcher += ["--nproc_per_node", "2", "--master_port", str(29400 + os.getpid() % 1000)]
     # each rank starts its own vLLM engine: minutes on a loaded 2-core machine
     res = subprocess.run(
-        [*launcher, script, str(path), str(out), strategy], capture_output=True, text=True, env=_env(), timeout=1800
+        [*launcher, script, str(path), str(out), strategy],
+        capture_output=True,
+        text=True,
+        env=subprocess_env(),
+        timeout=1800,
     )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-6000:]
     for rank_file in sorted(tmp_path.glob("gaps.*")):

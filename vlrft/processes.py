@@ -25,7 +25,7 @@ def _boot_id() -> str | None:
         return None
 
 
-def _stat_fields(pid: int) -> list[str] | None:
+def stat_fields(pid: int) -> list[str] | None:
     """The fields of ``/proc/PID/stat`` after the command name (which may hold spaces and parentheses)."""
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -35,7 +35,7 @@ def _stat_fields(pid: int) -> list[str] | None:
 
 def start_ticks(pid: int) -> int | None:
     """When ``pid`` started (clock ticks since boot), or None where it cannot be read."""
-    fields = _stat_fields(pid)
+    fields = stat_fields(pid)
     return int(fields[19]) if fields and len(fields) > 19 else None  # field 22; fields[0] is field 3
 
 
@@ -68,7 +68,7 @@ def gone(record: dict[str, Any]) -> str | None:
         return "not running"
     except PermissionError:  # alive, another user's
         pass
-    fields = _stat_fields(pid)
+    fields = stat_fields(pid)
     if fields and fields[0] == "Z":  # killed, not yet reaped by its parent (torchrun)
         return "a zombie"
     now = start_ticks(pid)
