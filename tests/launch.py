@@ -63,15 +63,17 @@ def process_tree(pid: int) -> list[int]:
 def kill_tree(proc: "subprocess.Popen", dump_s: float = 0.0) -> None:
     """SIGKILL ``proc`` and every process it started (torchrun's ranks included), and reap it. With ``dump_s``,
     first SIGABRT the descendants: a Python one started with ``subprocess_env()`` (PYTHONFAULTHANDLER) prints
-    every thread's stack, which says where a hung rank waits; they get ``dump_s`` seconds to write it."""
+    every thread's stack, which says where a hung rank waits; each gets up to ``dump_s`` seconds to write it."""
     with contextlib.suppress(ProcessLookupError):
         os.kill(proc.pid, signal.SIGSTOP)  # no new child while the tree is read
     tree = process_tree(proc.pid)
-    if dump_s and tree:
-        for pid in tree:
+    if dump_s:
+        for pid in tree:  # one at a time: stacks written at once interleave on the stderr the ranks share
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGABRT)
-        time.sleep(dump_s)
+            deadline = time.monotonic() + dump_s
+            while (fields := stat_fields(pid)) and fields[0] != "Z" and time.monotonic() < deadline:
+                time.sleep(0.05)  # until it has written them and died (a zombie: its parent is stopped)
     for pid in [proc.pid, *tree]:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
