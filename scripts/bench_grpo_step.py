@@ -159,8 +159,7 @@ def vlrft_trainer(model_dir: Path, out: Path, a: argparse.Namespace, extra: tupl
 
     # the dtype the rollout computes in: the hf engine's inference copy's (rollout.hf.dtype), vLLM's
     # (rollout.vllm.dtype), else the policy's
-    copy = getattr(trainer.engine, "copy", None)
-    run.rollout_dtype = copy.dtype if copy is not None else getattr(trainer.engine, "compute_dtype", model.dtype)
+    run.rollout_dtype = trainer.engine.weight_dtype or model.dtype
     return run
 
 

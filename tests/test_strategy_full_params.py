@@ -14,6 +14,7 @@ from transformers import AutoModelForImageTextToText
 import vlrft.models  # noqa: F401
 from tests.test_policy_distributed import _run_script
 from vlrft.strategies import OptimConfig, StrategyConfig, make_strategy
+from vlrft.strategies.base import transformer_blocks
 
 
 def test_single_streams_every_parameter_under_its_hf_name(tiny_model):
@@ -61,14 +62,42 @@ def test_trainable_only_leaves_out_a_frozen_vision_tower_but_keeps_lora_bases(ti
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("strategy, stage", [("fsdp2", "2"), ("deepspeed", "3")])
-def test_sharded_strategies_stream_full_tensors(tiny_model, tmp_path, strategy, stage):
+@pytest.mark.parametrize(
+    "strategy, stage, mixed, lora",
+    [
+        ("fsdp2", "2", "no", ""),
+        ("fsdp2", "2", "bf16", ""),
+        ("fsdp2", "2", "no", "lora"),
+        ("deepspeed", "3", "no", ""),
+        ("deepspeed", "3", "no", "lora"),
+    ],
+)
+def test_sharded_strategies_stream_full_tensors(tiny_model, tmp_path, strategy, stage, mixed, lora):
     out = tmp_path / "report.pt"
-    _run_script("full_params.py", [str(tiny_model("qwen2_5_vl")), str(out), strategy, stage], 2)
+    _run_script("full_params.py", [str(tiny_model("qwen2_5_vl")), str(out), strategy, stage, mixed, lora], 2)
     report = torch.load(out)
-    ref = [n for n, _ in AutoModelForImageTextToText.from_pretrained(tiny_model("qwen2_5_vl")).named_parameters()]
+    model = AutoModelForImageTextToText.from_pretrained(tiny_model("qwen2_5_vl"))
+    ref = [n for n, _ in model.named_parameters()]
     assert report["names_before"] == sorted(ref)
     assert report["missing_from_disk"] == [] and report["missing_from_export"] == []
     assert report["max_diff_disk"] == 0.0  # the stream before an update is the model as loaded ...
     assert report["moved"] > 1e-3  # ... an update moves it (Adam, lr 1e-2) ...
+    if lora:  # ... and after it the stream is the exported state, its adapters merged (one rank-4 product: ~1e-7)
+        assert report["lora_layers"] == 2 * model.config.text_config.num_hidden_layers
+        assert_within(report["max_diff_export"], 1e-6, f"{strategy} LoRA stream vs the export merged")
+        return
     assert report["max_diff_export"] == 0.0  # ... and after it the stream is the exported state
+    # a caller that casts to bf16 may get bf16 (FSDP2's bf16 gathers): bitwise its own cast of the float32 stream
+    assert report["dtypes"] == ["torch.float32"] and report["max_diff_bf16"] == 0.0
+    # FSDP2 gathers unit by unit (each block; the root's own parameters), one all-gather each, not one per parameter;
+    # with a bf16 policy (whose gathers cast) it serves a float32 caller parameter by parameter, in float32. ZeRO-3
+    # gathers parameter by parameter (DeepSpeed's coalesced gather of a list is one all-gather per parameter too)
+    units = 1 + len(transformer_blocks(model))
+    if strategy == "deepspeed":
+        assert report["groups"] == report["groups_bf16"] == [len(ref)]
+    elif mixed == "bf16":
+        assert report["groups"] == [len(ref)] and len(report["groups_bf16"]) == units
+        assert report["dtypes_bf16"] == ["torch.bfloat16"]
+    else:
+        assert len(report["groups"]) == len(report["groups_bf16"]) == units and sum(report["groups"]) == len(ref)
+        assert report["dtypes_bf16"] == ["torch.float32"]  # no cast of its own: the float32 parameters

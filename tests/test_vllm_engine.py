@@ -52,7 +52,7 @@ def _kinds(arch: str) -> list[str]:
 
 def test_greedy_equals_hf_token_for_token(policy):
     arch, _, model, processor, engine = policy
-    assert engine.compute_dtype == torch.float32  # rollout.vllm.dtype auto on CPU: what greedy equality needs
+    assert engine.weight_dtype == torch.float32  # rollout.vllm.dtype auto on CPU: what greedy equality needs
     hf = HFRolloutEngine(model, processor)
     for kind in _kinds(arch):
         prompts = make_prompts(processor, kind)

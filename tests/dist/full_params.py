@@ -1,7 +1,12 @@
 """``Strategy.full_params()`` under a strategy: the stream equals the model as loaded in one process before any
-update and the exported full state after one, name for name and bitwise.
+update and the exported full state after one, name for name and bitwise. FSDP2: how many groups the stream
+gathers (one all-gather each), and with bf16 mixed precision the stream in bf16 (``dtype=torch.bfloat16``) against
+the float32 stream cast. ``lora``: rank-4 adapters on q_proj and v_proj, merged in the stream; after the update
+(which moves the adapters off their zero product) the stream is checked against the merge computed here from the
+exported state (``W + scaling * B @ A``).
 
-Run under ``torchrun --nproc_per_node=2``. Usage: python full_params.py MODEL_DIR OUT_FILE STRATEGY ZERO_STAGE
+Run under ``torchrun --nproc_per_node=2``.
+Usage: python full_params.py MODEL_DIR OUT_FILE STRATEGY ZERO_STAGE [MIXED [lora]]
 """
 
 import sys
@@ -14,11 +19,15 @@ import vlrft.models  # noqa: F401
 from data_pipelines.collate import collate_sequences, encode_prompt, model_inputs
 from data_pipelines.records import PromptRecord
 from vlrft.strategies import OptimConfig, StrategyConfig, finish_process, make_strategy
+from vlrft.strategies.base import _hf_name
 
 
 def main() -> None:
     model_dir, out_file, name, stage = sys.argv[1:5]
-    strategy = make_strategy(StrategyConfig(name=name, zero_stage=int(stage), grad_clip=0), OptimConfig(lr=1e-2))
+    mixed = sys.argv[5] if len(sys.argv) > 5 else "no"
+    lora = dict(lora_rank=4, lora_target_modules="q_proj,v_proj") if sys.argv[6:] == ["lora"] else {}
+    cfg = StrategyConfig(name=name, zero_stage=int(stage), grad_clip=0, mixed_precision=mixed, **lora)
+    strategy = make_strategy(cfg, OptimConfig(lr=1e-2))
     torch.manual_seed(0)
     model = AutoModelForImageTextToText.from_pretrained(model_dir)
     proc = AutoProcessor.from_pretrained(model_dir)
@@ -36,7 +45,24 @@ def main() -> None:
     strategy.backward(strategy.train_module(**model_inputs(batch), labels=batch["input_ids"]).loss)
     strategy.step()
     after = {k: v.clone() for k, v in strategy.full_params()}
+    bf16 = {k: v.clone() for k, v in strategy.full_params(dtype=torch.bfloat16)}
+    report["dtypes"] = sorted({str(v.dtype) for v in after.values()})
+    report["dtypes_bf16"] = sorted({str(v.dtype) for v in bf16.values()})
+    # what the caller holds after its cast to bf16, from either stream
+    cast = {k: v.to(torch.bfloat16).float() for k, v in bf16.items()}
+    report["max_diff_bf16"] = max((cast[k] - after[k].to(torch.bfloat16).float()).abs().max().item() for k in after)
+    every = lambda n, p: True  # noqa: E731
+    report["groups"] = [len(g) for g in strategy._gathered_groups(strategy.unwrap(), every, None)]
+    report["groups_bf16"] = [len(g) for g in strategy._gathered_groups(strategy.unwrap(), every, torch.bfloat16)]
     state = strategy.full_state_dict()
+    if strategy.is_rank0 and lora:  # the exported state holds base weights and adapters under peft's names
+        scaling = {n: m.scaling["default"] for n, m in strategy.unwrap().named_modules() if hasattr(m, "lora_A")}
+        merged = {_hf_name(k): v for k, v in state.items() if ".lora_" not in k}
+        for owner, scale in scaling.items():
+            a, b = state[f"{owner}.lora_A.default.weight"], state[f"{owner}.lora_B.default.weight"]
+            merged[_hf_name(f"{owner}.weight")] = state[f"{owner}.base_layer.weight"] + (b.float() @ a.float()) * scale
+        state = merged
+        report["lora_layers"] = len(scaling)
     if strategy.is_rank0:
         report["max_diff_export"] = max((after[k].float() - state[k].float()).abs().max().item() for k in after)
         report["moved"] = max((after[k].float() - before[k].float()).abs().max().item() for k in after)

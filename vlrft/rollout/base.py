@@ -84,6 +84,8 @@ class RolloutEngine(Protocol):
     # False: the engine can keep parameters that do not train (a frozen vision tower) from its last load,
     # so update_weights gets the trainable ones only (Strategy.full_params(trainable_only=True))
     needs_all_params: bool
+    # the dtype update_weights casts the stream to (its weights'); None: no copy of its own, nothing is read
+    weight_dtype: torch.dtype | None
 
     def generate(self, prompts: list[EncodedPrompt], sampling: SamplingParams) -> list[Rollout]:
         """``sampling.n`` rollouts per prompt, prompt-major (rollouts of prompt 0 first)."""

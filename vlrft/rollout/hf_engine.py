@@ -150,6 +150,11 @@ class HFRolloutEngine:
         copy keeps frozen ones, a frozen vision tower say, from its load; without a copy no stream is read)."""
         return self.copy is not None and self.sleep_level == 2
 
+    @property
+    def weight_dtype(self) -> torch.dtype | None:
+        """The inference copy's dtype (the stream is cast to it); None without a copy."""
+        return self.copy.dtype if self.copy is not None else None
+
     def update_weights(self, named_params: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy the stream into the inference copy (cast to its dtype). Without a copy the engine generates with
         the training module, which already has the weights: the stream is not read, nothing is gathered."""

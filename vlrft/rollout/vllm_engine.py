@@ -125,7 +125,7 @@ class VLLMRolloutEngine:
         dtype = cfg.dtype
         if dtype == "auto":
             dtype = "float32" if not on_gpu else str(model_dtype).removeprefix("torch.")
-        self.compute_dtype = getattr(torch, dtype)  # what vLLM computes in (the bench's decode GEMM rate reads it)
+        self.weight_dtype = getattr(torch, dtype)  # what vLLM holds its weights and computes in
         kwargs = dict(
             model=str(model_path),
             tokenizer=str(model_path),

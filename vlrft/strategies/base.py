@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
@@ -543,29 +543,47 @@ class Strategy:
         """The full (unsharded) model state on CPU; complete on rank 0 (may be empty elsewhere)."""
         raise NotImplementedError
 
-    def full_params(self, *, trainable_only: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
+    def full_params(
+        self, *, trainable_only: bool = False, dtype: torch.dtype | None = None
+    ) -> Iterator[tuple[str, torch.Tensor]]:
         """The trained model's full parameters, one ``(Hugging Face name, tensor)`` at a time, on every
         rank: what a rollout engine with its own copy of the weights loads after each update (vLLM's
         ``load_weights`` takes this stream). LoRA is merged in (``W + scaling * B @ A``, peft's formula)
-        under the base model's names; the adapters themselves are not yielded. Only one gathered tensor
-        exists at a time. Sharded strategies gather each tensor collectively, so every rank must consume
-        the whole stream; tensors may alias the live parameters (copy one to keep it past the next step).
+        under the base model's names; the adapters themselves are not yielded. Sharded strategies gather
+        collectively, so every rank must consume the whole stream, and a tensor is valid until the next one is
+        drawn (it may alias the live parameters, or a gathered buffer that is freed after it: copy one to keep it).
         ``trainable_only``: skip frozen parameters (a frozen vision tower) that an engine already holds;
-        LoRA-wrapped base weights are still sent, merged."""
+        LoRA-wrapped base weights are still sent, merged. ``dtype``: what the caller casts every tensor to (its
+        engine's weights); a strategy whose gathers cast to that dtype anyway (FSDP2's bf16 mixed precision) may
+        then stream in it, bitwise the caller's own cast. None: the parameters' dtype."""
         model = self.unwrap()
         lora_layers = {
             name: m for name, m in model.named_modules() if hasattr(m, "lora_A") and hasattr(m, "base_layer")
         }
-        for name, param in model.named_parameters():
+
+        def owner(name: str) -> str:
+            return name.rpartition(".")[0].removesuffix(".base_layer")
+
+        def sent(name: str, param: torch.nn.Parameter) -> bool:
             if ".lora_" in name:
-                continue
-            owner = name.rpartition(".")[0].removesuffix(".base_layer")
-            if trainable_only and not param.requires_grad and owner not in lora_layers:
-                continue
-            tensor = self._full_tensor(param)
-            if owner in lora_layers and name.endswith(".base_layer.weight"):
-                tensor = tensor + self._lora_delta(lora_layers[owner]).to(tensor.dtype)
-            yield _hf_name(name), tensor
+                return False
+            return not (trainable_only and not param.requires_grad and owner(name) not in lora_layers)
+
+        # a merged LoRA weight is summed in float32, then rounded once by the caller (a casting gather rounds first)
+        for group in self._gathered_groups(model, sent, None if lora_layers else dtype):
+            for name, param in group:
+                tensor = self._full_tensor(param)
+                if owner(name) in lora_layers and name.endswith(".base_layer.weight"):
+                    tensor = tensor + self._lora_delta(lora_layers[owner(name)]).to(tensor.dtype)
+                yield _hf_name(name), tensor
+
+    def _gathered_groups(
+        self, model: torch.nn.Module, sent: Callable[[str, torch.nn.Parameter], bool], dtype: torch.dtype | None
+    ) -> Iterator[list[tuple[str, torch.nn.Parameter]]]:
+        """``model``'s parameters that ``sent`` keeps, in groups, in the same order on every rank. A sharded strategy
+        may gather a group's parameters together (one collective), whole while the caller reads that group; here
+        one group, each parameter made whole by :meth:`_full_tensor` as it is read."""
+        yield [(name, param) for name, param in model.named_parameters() if sent(name, param)]
 
     def _full_tensor(self, param: torch.nn.Parameter) -> torch.Tensor:
         """One parameter in full (sharded strategies gather it)."""

@@ -10,14 +10,14 @@ from __future__ import annotations
 import pickle
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from vlrft.strategies.base import Strategy, transformer_blocks
@@ -71,6 +71,27 @@ class FSDP2Strategy(Strategy):
             tensor = tensor.to(self.device)
         return tensor.full_tensor()
 
+    def _gathered_groups(
+        self, model: torch.nn.Module, sent: Callable[[str, torch.nn.Parameter], bool], dtype: torch.dtype | None
+    ) -> Iterator[list[tuple[str, torch.nn.Parameter]]]:
+        """Each FSDP2 unit's own parameters (a block's; the root's: embeddings, final norm, LM head, the vision tower's
+        patch embedding and merger) gathered together by FSDP2's ``unshard`` (one all-gather into one buffer per unit,
+        where a ``full_tensor`` per parameter made one collective each: 69 against 824 at Qwen2.5-VL-3B's shape),
+        resharded once the caller has read them. The unit's gather casts to the mixed-precision policy's dtype (bf16),
+        so with one it is used only for a caller that casts to that dtype itself; otherwise parameter by parameter,
+        in the parameters' dtype. Units with nothing to send (a frozen vision block) are not gathered."""
+        cast = torch.bfloat16 if self.cfg.bf16 else None
+        units = {name: m for name, m in model.named_modules() if isinstance(m, FSDPModule)}
+        if "" not in units or cast not in (None, dtype):
+            yield from super()._gathered_groups(model, sent, dtype)
+            return
+        for unit, members in _params_by_unit(model, sent, units).items():
+            units[unit].unshard()
+            try:  # the unit's parameters are now its gathered ones, under the same names
+                yield [(name, model.get_parameter(name)) for name, _ in members]
+            finally:
+                units[unit].reshard()
+
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
         model_state, _ = get_state_dict(self.model, [], options=opts)
@@ -105,3 +126,19 @@ class FSDP2Strategy(Strategy):
         if dist.is_initialized():
             dist.barrier()
         return extra["client_state"]
+
+
+def _params_by_unit(
+    model: torch.nn.Module, sent: Callable[[str, torch.nn.Parameter], bool], units: Iterable[str]
+) -> dict[str, list[tuple[str, torch.nn.Parameter]]]:
+    """``model``'s parameters that ``sent`` keeps, ``(name, parameter)`` in module order, by the innermost of ``units``
+    (module names, which must include ``""``, the model) that holds each: what FSDP2 gathers together."""
+    units = set(units)
+    groups: dict[str, list[tuple[str, torch.nn.Parameter]]] = {}
+    for name, param in model.named_parameters():
+        if sent(name, param):
+            unit = name
+            while unit not in units:
+                unit = unit.rpartition(".")[0]
+            groups.setdefault(unit, []).append((name, param))
+    return groups

@@ -492,8 +492,11 @@ class PolicyTrainer(Trainer):
 
     def _sync_engine(self) -> None:
         """Wake the engine and hand it the updated weights (an in-process engine reads nothing)."""
-        self.engine.wake()
-        self.engine.update_weights(self.strategy.full_params(trainable_only=not self.engine.needs_all_params))
+        engine = self.engine
+        engine.wake()
+        engine.update_weights(
+            self.strategy.full_params(trainable_only=not engine.needs_all_params, dtype=engine.weight_dtype)
+        )
 
     def _log_step(self, exp: Experience) -> None:
         """Rank 0 (every rank draws the same global order): the step's prompt ids to ``data_order.jsonl`` and
