@@ -54,7 +54,7 @@ def main() -> None:
         strategy.backward(loss)
         strategy.step()
         losses.append(float(loss.detach()))
-    after = dict(strategy.full_params())
+    after = {k: v.clone() for k, v in strategy.full_params()}  # each tensor is valid until the next is drawn
     report = {
         "bf16": cfg.bf16,
         "losses": losses,
