@@ -1,15 +1,16 @@
-"""Time the inference copy's weight refresh under FSDP2: the stream gathered unit by unit (vlrft: FSDP2's ``unshard``
-of each block and of the root, one all-gather each) against the same stream gathered parameter by parameter (one
-``full_tensor`` all-gather each, as vlrft did before and as verl's FSDP weight sync gathers), in one run, alternating.
+"""Time the inference copy's weight refresh under FSDP2 or ZeRO-3: the stream gathered unit by unit (vlrft: one
+all-gather per block and one for the root's parameters; FSDP2's ``unshard``, ZeRO-3's partitions as one flat buffer)
+against the same stream gathered parameter by parameter (``Strategy._full_tensor``: FSDP2's ``full_tensor`` as verl's
+FSDP weight sync gathers, ZeRO-3's ``GatheredParameters`` as OpenRLHF's; vlrft's before), in one run, alternating.
 
 Both feed the hf engine's inference copy (``rollout.hf.inference_copy=on``, in ``--copy-dtype``) exactly as
 ``PolicyTrainer`` does after each update, from a randomly initialised Qwen2.5-VL of ``--hidden --layers --heads
---vision-depth --vision-hidden``; ``--mixed-precision bf16`` puts FSDP2's bf16 policy on (then only a bf16 copy is
+--vision-depth --vision-hidden``; ``--mixed-precision bf16`` computes in bf16 (FSDP2: then only a bf16 copy is
 gathered by unit). Rounds alternate between the two, the first of each uncounted; prints the median time of one refresh
 for each, their ratio and the collectives each made. Run under torchrun (gloo on CPU, NCCL on GPU):
 
     torchrun --nproc_per_node 2 scripts/bench_weight_sync.py --hidden 512 --layers 6 --vision-depth 6 \\
-        --vision-hidden 256 --rounds 5 --refreshes 20
+        --vision-hidden 256 --rounds 5 --refreshes 20   # --strategy deepspeed: ZeRO-3
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ from vlrft.strategies import OptimConfig, StrategyConfig, finish_process, make_s
 
 
 def per_parameter(strategy, dtype):
-    """The stream as one ``full_tensor`` per parameter (``Strategy._full_tensor``, FSDP2's per-parameter gather)."""
+    """The stream gathered one parameter at a time (``Strategy._full_tensor``: FSDP2's ``full_tensor``, ZeRO-3's
+    ``GatheredParameters``)."""
     for name, param in strategy.unwrap().named_parameters():
         yield name, strategy._full_tensor(param)
 
@@ -46,6 +48,7 @@ def main() -> None:
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--vision-depth", type=int, default=6)
     p.add_argument("--vision-hidden", type=int, default=256)
+    p.add_argument("--strategy", default="fsdp2", choices=("fsdp2", "deepspeed"), help="deepspeed: ZeRO-3")
     p.add_argument("--mixed-precision", default="no", choices=("no", "bf16"))
     p.add_argument("--copy-dtype", default="auto", choices=("auto", "float32", "bfloat16"))
     p.add_argument("--rounds", type=int, default=5, help="rounds per side, the first uncounted")
@@ -53,7 +56,8 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1)
     a = p.parse_args()
     torch.set_num_threads(a.threads)
-    strategy = make_strategy(StrategyConfig(name="fsdp2", mixed_precision=a.mixed_precision), OptimConfig())
+    cfg = StrategyConfig(name=a.strategy, zero_stage=3, mixed_precision=a.mixed_precision)
+    strategy = make_strategy(cfg, OptimConfig())
     model_dir = Path(a.model_dir)
     if strategy.is_rank0 and not (model_dir / "config.json").is_file():
         sizes = dict(hidden=a.hidden, layers=a.layers, heads=a.heads, vision_depth=a.vision_depth)
@@ -86,9 +90,10 @@ def main() -> None:
     if strategy.is_rank0:
         n = sum(t.numel() for t in engine.params.values())
         device = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
+        name = "ZeRO-3" if a.strategy == "deepspeed" else "FSDP2"
         print(
-            f"settings: {strategy.world_size} ranks ({device}), {n / 1e6:.1f} M parameters ({params} tensors), FSDP2 "
-            f"mixed precision {a.mixed_precision}, copy in {str(dtype).removeprefix('torch.')}, "
+            f"settings: {strategy.world_size} ranks ({device}), {n / 1e6:.1f} M parameters ({params} tensors), "
+            f"{name}, mixed precision {a.mixed_precision}, copy in {str(dtype).removeprefix('torch.')}, "
             f"{a.rounds - 1} x {a.refreshes} counted refreshes per side, torch {torch.__version__}"
         )
         med = {side: statistics.median(t) for side, t in times.items()}

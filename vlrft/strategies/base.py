@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 import torch
@@ -664,6 +664,22 @@ def _adamw_zero_over_zero(optimizer: torch.optim.Optimizer) -> bool:
             if bool((zero_grad & (_local(v) == 0) if v is not None else zero_grad).any()):
                 return True
     return False
+
+
+def params_by_unit(
+    model: torch.nn.Module, sent: Callable[[str, torch.nn.Parameter], bool], units: Iterable[str]
+) -> dict[str, list[tuple[str, torch.nn.Parameter]]]:
+    """``model``'s parameters that ``sent`` keeps, ``(name, parameter)`` in module order, by the innermost of ``units``
+    (module names, which must include ``""``, the model) that holds each: what a sharded strategy gathers together."""
+    units = set(units)
+    groups: dict[str, list[tuple[str, torch.nn.Parameter]]] = {}
+    for name, param in model.named_parameters():
+        if sent(name, param):
+            unit = name
+            while unit not in units:
+                unit = unit.rpartition(".")[0]
+            groups.setdefault(unit, []).append((name, param))
+    return groups
 
 
 def _hf_name(name: str) -> str:

@@ -10,12 +10,12 @@ from __future__ import annotations
 import pickle
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
 import torch
 
 from vlrft.errors import KnownError
-from vlrft.strategies.base import Strategy, make_optimizer, make_scheduler
+from vlrft.strategies.base import Strategy, make_optimizer, make_scheduler, params_by_unit, transformer_blocks
 
 # A build of one of DeepSpeed's ops (the CPU shared-memory communicator, minutes at most on 2 cores) holds
 # ``<extensions>/<op>/lock`` while it compiles; a build killed mid-way leaves it, and every later build of that
@@ -123,6 +123,50 @@ class DeepSpeedStrategy(Strategy):
 
     def unwrap(self, model: torch.nn.Module | None = None) -> torch.nn.Module:
         return self.ds_engine.module if model is None else getattr(model, "module", model)
+
+    def _gathered_groups(
+        self, model: torch.nn.Module, sent: Callable[[str, torch.nn.Parameter], bool], dtype: torch.dtype | None
+    ) -> Iterator[list[tuple[str, torch.nn.Parameter | torch.Tensor]]]:
+        """ZeRO-3: each transformer block's partitioned parameters gathered with one all-gather (then one for the rest:
+        embeddings, final norm, LM head, the vision tower's patch embedding and merger), where DeepSpeed's own gather,
+        even of a list (``GatheredParameters``), makes one per parameter. Each rank's partitions of the unit go out as
+        one flat buffer; a parameter whole is its partitions in rank order (ZeRO-3's layout: rank r holds elements
+        ``[r * p, (r + 1) * p)`` of the flattened parameter, zero-padded; ``ds_numel`` and ``ds_shape`` its whole size
+        and shape), so the same tensors as DeepSpeed's gather (``tests/test_strategy_full_params.py``). Parameters that
+        ZeRO-3 keeps whole (small ones) and layouts other than that plain one (ZeRO++'s quantized or secondary
+        partitions) go through ``GatheredParameters`` one at a time. Stages 1-2 hold every parameter whole."""
+        if self.cfg.zero_stage != 3:
+            yield from super()._gathered_groups(model, sent, dtype)
+            return
+        from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+
+        def flat(p: torch.nn.Parameter) -> bool:  # ZeRO-3's plain layout, partitioned now
+            return (
+                hasattr(p, "ds_id")
+                and p.ds_status == ZeroParamStatus.NOT_AVAILABLE
+                and getattr(p, "ds_secondary_tensor", None) is None
+                and not hasattr(p.ds_tensor, "ds_quant_scale")
+            )
+
+        blocks = set(transformer_blocks(model))
+        units = [""] + [name for name, m in model.named_modules() if m in blocks]
+        for members in params_by_unit(model, sent, units).values():
+            parts = [p for _, p in members if flat(p)]
+            groups = {id(p.ds_process_group) for p in parts}
+            if len(groups) != 1:  # nothing partitioned here, or partitions over several groups (not ours)
+                yield members
+                continue
+            group = parts[0].ds_process_group
+            world = torch.distributed.get_world_size(group)
+            local = torch.cat([p.ds_tensor.reshape(-1).to(self.device) for p in parts])
+            every = local.new_empty(world * local.numel())
+            torch.distributed.all_gather_into_tensor(every, local, group=group)
+            rows, whole, at = every.view(world, -1), {}, 0
+            for p in parts:  # each parameter: its partition's columns of every rank's row, in rank order
+                size = p.ds_tensor.ds_numel
+                whole[id(p)] = rows[:, at : at + size].reshape(-1)[: p.ds_numel].view(p.ds_shape)
+                at += size
+            yield [(name, whole.get(id(p), p)) for name, p in members]
 
     def _full_tensor(self, param: torch.nn.Parameter) -> torch.Tensor:
         """ZeRO-3 gathers one partitioned parameter (a copy, released partition intact); stages 1-2 hold it whole."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pickle
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -20,7 +20,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from vlrft.strategies.base import Strategy, transformer_blocks
+from vlrft.strategies.base import Strategy, params_by_unit, transformer_blocks
 
 # torch >= 2.13 warns, on every run, when an FSDP2-wrapped module returns a view: an in-place op on that view
 # would drop the pre-backward hook (no all-gather for the backward). A Qwen-VL's output (transformers 5.2x) carries
@@ -85,7 +85,7 @@ class FSDP2Strategy(Strategy):
         if "" not in units or cast not in (None, dtype):
             yield from super()._gathered_groups(model, sent, dtype)
             return
-        for unit, members in _params_by_unit(model, sent, units).items():
+        for unit, members in params_by_unit(model, sent, units).items():
             units[unit].unshard()
             try:  # the unit's parameters are now its gathered ones, under the same names
                 yield [(name, model.get_parameter(name)) for name, _ in members]
@@ -126,19 +126,3 @@ class FSDP2Strategy(Strategy):
         if dist.is_initialized():
             dist.barrier()
         return extra["client_state"]
-
-
-def _params_by_unit(
-    model: torch.nn.Module, sent: Callable[[str, torch.nn.Parameter], bool], units: Iterable[str]
-) -> dict[str, list[tuple[str, torch.nn.Parameter]]]:
-    """``model``'s parameters that ``sent`` keeps, ``(name, parameter)`` in module order, by the innermost of ``units``
-    (module names, which must include ``""``, the model) that holds each: what FSDP2 gathers together."""
-    units = set(units)
-    groups: dict[str, list[tuple[str, torch.nn.Parameter]]] = {}
-    for name, param in model.named_parameters():
-        if sent(name, param):
-            unit = name
-            while unit not in units:
-                unit = unit.rpartition(".")[0]
-            groups.setdefault(unit, []).append((name, param))
-    return groups
