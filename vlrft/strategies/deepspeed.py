@@ -133,17 +133,19 @@ class DeepSpeedStrategy(Strategy):
         one flat buffer; a parameter whole is its partitions in rank order (ZeRO-3's layout: rank r holds elements
         ``[r * p, (r + 1) * p)`` of the flattened parameter, zero-padded; ``ds_numel`` and ``ds_shape`` its whole size
         and shape), so the same tensors as DeepSpeed's gather (``tests/test_strategy_full_params.py``). Parameters that
-        ZeRO-3 keeps whole (small ones) and layouts other than that plain one (ZeRO++'s quantized or secondary
-        partitions) go through ``GatheredParameters`` one at a time. Stages 1-2 hold every parameter whole."""
+        ZeRO-3 keeps whole (small ones), partitions swapped out to NVMe and layouts other than that plain one (ZeRO++'s
+        quantized or secondary partitions) go through ``GatheredParameters`` one at a time. Stages 1-2 hold every
+        parameter whole."""
         if self.cfg.zero_stage != 3:
             yield from super()._gathered_groups(model, sent, dtype)
             return
-        from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+        from deepspeed.runtime.zero.partition_parameters import PartitionedParamStatus, ZeroParamStatus
 
-        def flat(p: torch.nn.Parameter) -> bool:  # ZeRO-3's plain layout, partitioned now
+        def flat(p: torch.nn.Parameter) -> bool:  # ZeRO-3's plain layout, partitioned now, its partition in memory
             return (
                 hasattr(p, "ds_id")
                 and p.ds_status == ZeroParamStatus.NOT_AVAILABLE
+                and p.ds_tensor.status == PartitionedParamStatus.AVAILABLE  # (not swapped out to NVMe)
                 and getattr(p, "ds_secondary_tensor", None) is None
                 and not hasattr(p.ds_tensor, "ds_quant_scale")
             )

@@ -76,7 +76,7 @@ class FSDP2Strategy(Strategy):
     ) -> Iterator[list[tuple[str, torch.nn.Parameter]]]:
         """Each FSDP2 unit's own parameters (a block's; the root's: embeddings, final norm, LM head, the vision tower's
         patch embedding and merger) gathered together by FSDP2's ``unshard`` (one all-gather into one buffer per unit,
-        where a ``full_tensor`` per parameter made one collective each: 69 against 824 at Qwen2.5-VL-3B's shape),
+        where a ``full_tensor`` per parameter made one collective each: 69 against 825 at Qwen2.5-VL-3B's depth),
         resharded once the caller has read them. The unit's gather casts to the mixed-precision policy's dtype (bf16),
         so with one it is used only for a caller that casts to that dtype itself; otherwise parameter by parameter,
         in the parameters' dtype. Units with nothing to send (a frozen vision block) are not gathered."""
