@@ -33,7 +33,7 @@ from vlrft.rollout import HFEngineConfig, make_engine  # noqa: E402
 from vlrft.strategies import OptimConfig, StrategyConfig, finish_process, make_strategy  # noqa: E402
 
 
-def per_parameter(strategy, dtype):
+def per_parameter(strategy):
     """The stream gathered one parameter at a time (``Strategy._full_tensor``: FSDP2's ``full_tensor``, ZeRO-3's
     ``GatheredParameters``)."""
     for name, param in strategy.unwrap().named_parameters():
@@ -70,7 +70,7 @@ def main() -> None:
     dtype = engine.weight_dtype
     sides = {
         "by unit (vlrft)": lambda: strategy.full_params(dtype=dtype),
-        "per parameter": lambda: per_parameter(strategy, dtype),
+        "per parameter": lambda: per_parameter(strategy),
     }
     times: dict[str, list[float]] = {side: [] for side in sides}
     for r in range(a.rounds):

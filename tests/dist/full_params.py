@@ -1,11 +1,11 @@
 """``Strategy.full_params()`` under a strategy: the stream equals the model as loaded in one process before any
-update and the exported full state after one, name for name and bitwise. FSDP2: how many groups the stream
-gathers (one all-gather each), and with bf16 mixed precision the stream in bf16 (``dtype=torch.bfloat16``) against
-the float32 stream cast. ``lora``: rank-4 adapters on q_proj and v_proj, merged in the stream; after the update
+update and the exported full state after one, name for name and bitwise; how many groups the stream gathers
+(one all-gather each); the stream for a bf16 caller (``dtype=torch.bfloat16``; in bf16 from FSDP2's bf16 gathers)
+against the float32 stream, both cast. ``lora``: rank-4 adapters on q_proj and v_proj, merged in the stream; after the update
 (which moves the adapters off their zero product) the stream is checked against the merge computed here from the
 exported state (``W + scaling * B @ A``).
 
-Run under ``torchrun --nproc_per_node=2``.
+Run under ``torchrun --nproc_per_node=2`` (or 3: ZeRO-3's partitions padded).
 Usage: python full_params.py MODEL_DIR OUT_FILE STRATEGY ZERO_STAGE [MIXED [lora]]
 """
 

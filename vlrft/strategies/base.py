@@ -572,9 +572,9 @@ class Strategy:
         # a merged LoRA weight is summed in float32, then rounded once by the caller (a casting gather rounds first)
         for group in self._gathered_groups(model, sent, None if lora_layers else dtype):
             for name, param in group:
-                tensor = self._full_tensor(param)
-                if owner(name) in lora_layers and name.endswith(".base_layer.weight"):
-                    tensor = tensor + self._lora_delta(lora_layers[owner(name)]).to(tensor.dtype)
+                tensor, layer = self._full_tensor(param), lora_layers.get(owner(name))
+                if layer is not None and name.endswith(".base_layer.weight"):
+                    tensor = tensor + self._lora_delta(layer).to(tensor.dtype)
                 yield _hf_name(name), tensor
 
     def _gathered_groups(

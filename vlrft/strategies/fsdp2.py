@@ -35,13 +35,20 @@ class FSDP2Strategy(Strategy):
     def shards_parameters(self) -> bool:
         return self.distributed
 
+    @property
+    def _gather_dtype(self) -> torch.dtype | None:
+        """What FSDP2's gathers cast the parameters to (its mixed-precision policy's ``param_dtype``): bf16 with
+        ``strategy.mixed_precision`` bf16, else None (the parameters' float32)."""
+        return torch.bfloat16 if self.cfg.bf16 else None
+
     def _shard(self, model: torch.nn.Module) -> torch.nn.Module:
         warnings.filterwarnings("ignore", message=_VIEW_WARNING, category=UserWarning)
         device_type = "cuda" if torch.cuda.is_available() else "cpu"
         mesh = init_device_mesh(device_type, (self.world_size,))
         kwargs: dict[str, Any] = {"mesh": mesh}
-        if self.cfg.bf16:  # each block's gathered parameters cast to bf16; its fp32 shards are the master weights
-            kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        # each block's gathered parameters cast to the gather dtype; its fp32 shards are the master weights
+        if self._gather_dtype is not None:
+            kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=self._gather_dtype, reduce_dtype=torch.float32)
         if self.cfg.cpu_offload:
             kwargs["offload_policy"] = CPUOffloadPolicy()
         for block in transformer_blocks(model):
@@ -80,9 +87,8 @@ class FSDP2Strategy(Strategy):
         resharded once the caller has read them. The unit's gather casts to the mixed-precision policy's dtype (bf16),
         so with one it is used only for a caller that casts to that dtype itself; otherwise parameter by parameter,
         in the parameters' dtype. Units with nothing to send (a frozen vision block) are not gathered."""
-        cast = torch.bfloat16 if self.cfg.bf16 else None
         units = {name: m for name, m in model.named_modules() if isinstance(m, FSDPModule)}
-        if "" not in units or cast not in (None, dtype):
+        if "" not in units or self._gather_dtype not in (None, dtype):
             yield from super()._gathered_groups(model, sent, dtype)
             return
         for unit, members in params_by_unit(model, sent, units).items():
