@@ -160,6 +160,8 @@ def vlrft_trainer(model_dir: Path, out: Path, a: argparse.Namespace, extra: tupl
     # the dtype the rollout computes in: the hf engine's inference copy's (rollout.hf.dtype), vLLM's
     # (rollout.vllm.dtype), else the policy's
     run.rollout_dtype = trainer.engine.weight_dtype or model.dtype
+    # its CPU linear layers' kernel (strategy.cpu_matmul), which the decode GEMM rate is measured with
+    run.onednn = cfg.strategy.onednn and strategy.device.type == "cpu"
     return run
 
 
@@ -276,7 +278,8 @@ def main() -> None:
     p.add_argument(
         "--sides",
         default="vlrft,trl",
-        help="comma-separated: vlrft, trl, vlrft-compiled (vlrft with strategy.compile_blocks=true)",
+        help="comma-separated: vlrft, trl, vlrft-compiled (vlrft with strategy.compile_blocks=true), vlrft-mkl and "
+        "vlrft-onednn (vlrft with strategy.cpu_matmul=mkl / onednn)",
     )
     p.add_argument(
         "--no-shared", dest="shared", action="store_false", help="vlrft with train.shared_prompt_forward=false"
@@ -293,6 +296,8 @@ def main() -> None:
         "vlrft": vlrft_trainer,
         "trl": trl_trainer,
         "vlrft-compiled": functools.partial(vlrft_trainer, extra=("strategy.compile_blocks=true",)),
+        "vlrft-mkl": functools.partial(vlrft_trainer, extra=("strategy.cpu_matmul=mkl",)),
+        "vlrft-onednn": functools.partial(vlrft_trainer, extra=("strategy.cpu_matmul=onednn",)),
     }
     runners = {k: makers[k](model_dir, tmp / k, a) for k in a.sides.split(",")}
     times: dict[str, list[float]] = {k: [] for k in runners}
@@ -341,22 +346,34 @@ def main() -> None:
         print(f"ratio vlrft / vlrft-compiled (median update time): {update['vlrft'] / update['vlrft-compiled']:.2f}x")
     for side in [k for k in runners if k.startswith("vlrft") and phases[k].get("flops/update")]:
         print(f"[{side}]")
-        efficiency(phases[side], a, AutoConfig.from_pretrained(model_dir), runners[side].rollout_dtype)
+        run = runners[side]
+        efficiency(phases[side], a, AutoConfig.from_pretrained(model_dir), run.rollout_dtype, run.onednn)
 
 
-def efficiency(phases: dict[str, list[float]], a: argparse.Namespace, config, rollout_dtype: torch.dtype) -> None:
-    """vlrft's update and rollout against this machine's float32 matmul rate at the same thread count: FLOPs
-    counted from the model's shapes (gpu_figures.py), median per step, over the median phase time; the rollout
-    also against the rate of its own decode products (``config``'s weights at the rollout's rows, in the dtype the
-    rollout computes in: a bfloat16 inference copy is measured against bfloat16 products)."""
-    gemm = gemm_flops_per_s(a.threads)
+def efficiency(
+    phases: dict[str, list[float]], a: argparse.Namespace, config, rollout_dtype: torch.dtype, onednn: bool
+) -> None:
+    """vlrft's update and rollout against this machine's float32 matmul rate at the same thread count, the faster
+    of PyTorch's ``mm`` (MKL) and oneDNN's linear kernel (on an AMD EPYC with AVX-512 MKL keeps to AVX2 and oneDNN
+    runs twice as fast: the machine's limit is oneDNN's): FLOPs counted from the model's shapes (gpu_figures.py),
+    median per step, over the median phase time; the rollout also against the rate of its own decode products
+    (``config``'s weights at the rollout's rows, in the dtype the rollout computes in and by the kernel its linear
+    layers use, ``onednn``: a bfloat16 inference copy is measured against bfloat16 products)."""
+    from vlrft.models.cpu_matmul import onednn_available
+
+    mkl = gemm_flops_per_s(a.threads)
+    dnnl = gemm_flops_per_s(a.threads, onednn=True) if onednn_available() else 0.0
+    gemm = max(mkl, dnnl)
     rows = a.prompts * a.generations
-    decode = decode_gemm_flops_per_s(config, rows, a.threads, rollout_dtype)
+    decode = decode_gemm_flops_per_s(config, rows, a.threads, rollout_dtype, onednn=onednn)
     kind = {torch.float32: "fp32", torch.bfloat16: "bf16"}.get(rollout_dtype, str(rollout_dtype))
-    print(f"fp32 GEMM (1024^3 matmuls, {a.threads} thread(s)): {gemm / 1e9:.1f} GFLOP/s")
     print(
-        f"{kind} decode GEMM (the decoder's and LM head's {rows}-row products, weights from memory): "
-        f"{decode / 1e9:.1f} GFLOP/s, {decode / gemm:.0%} of the fp32 GEMM rate"
+        f"fp32 GEMM (1024^3 matmuls, {a.threads} thread(s)): {gemm / 1e9:.1f} GFLOP/s, the faster of torch.mm (MKL) "
+        f"{mkl / 1e9:.1f} and oneDNN {dnnl / 1e9:.1f}"
+    )
+    print(
+        f"{kind} decode GEMM (the decoder's and LM head's {rows}-row products by {'oneDNN' if onednn else 'F.linear'}, "
+        f"weights from memory): {decode / 1e9:.1f} GFLOP/s, {decode / gemm:.0%} of the fp32 GEMM rate"
     )
     for phase in ("update", "rollout"):
         flops = statistics.median(phases[f"flops/{phase}"])
@@ -366,7 +383,7 @@ def efficiency(phases: dict[str, list[float]], a: argparse.Namespace, config, ro
         extra = f", {rate / decode:.0%} of the decode GEMM rate" if phase == "rollout" else ""
         print(
             f"{what}: {flops / 1e9:.1f} GFLOP in {seconds:.2f} s = {rate / 1e9:.1f} GFLOP/s, "
-            f"{rate / gemm:.0%} of the GEMM rate{extra}"
+            f"{rate / gemm:.0%} of the GEMM rate ({rate / mkl:.0%} of MKL's){extra}"
         )
 
 

@@ -44,14 +44,16 @@ def param_counts(config) -> dict[str, int]:
 
 
 def decode_gemm_flops_per_s(
-    config, rows: int, threads: int, dtype: torch.dtype = torch.float32, seconds: float = 1.0
+    config, rows: int, threads: int, dtype: torch.dtype = torch.float32, seconds: float = 1.0, onednn: bool = False
 ) -> float:
     """This machine's rate (in ``dtype``) for the matrix products of one decode step of ``config``'s model: every linear
     layer of the text decoder and the LM head (random weights of their shapes, each its own tensor, applied in
     layer order as decoding does, so that they are read from memory unless all of them fit in cache) on ``rows``
     rows (the samples decoding together), repeated for about ``seconds``, the best of three rounds. At a few dozen
     rows each weight is read once per step for little arithmetic, so this is the ceiling of the rollout's products,
-    below the square-matmul rate of :func:`gemm_flops_per_s` once the weights outgrow the caches."""
+    below the square-matmul rate of :func:`gemm_flops_per_s` once the weights outgrow the caches. ``onednn``: the
+    products by oneDNN, as ``strategy.cpu_matmul=onednn`` computes them (float32 on a CPU), else by ``F.linear``."""
+    linear = _onednn_linear() if onednn else torch.nn.functional.linear
     with torch.device("meta"):
         model = AutoModelForImageTextToText.from_config(config)
     shapes = [
@@ -64,9 +66,15 @@ def decode_gemm_flops_per_s(
 
     def step() -> None:
         for w, b in layers:
-            torch.nn.functional.linear(inputs[w.shape[1]], w, b)
+            linear(inputs[w.shape[1]], w, b)
 
     return _best_rate(step, sum(2 * rows * o * i for o, i, _ in shapes), threads, seconds)
+
+
+def _onednn_linear():
+    from vlrft.models.cpu_matmul import onednn_linear  # the scripts also run where only the GPU figures are wanted
+
+    return onednn_linear
 
 
 def copy_bandwidth(gib: float = 4.0, iters: int = 10) -> float:
@@ -217,11 +225,15 @@ def experience_work(
     return update, rollout
 
 
-def gemm_flops_per_s(threads: int, n: int = 1024, seconds: float = 1.0) -> float:
+def gemm_flops_per_s(threads: int, n: int = 1024, seconds: float = 1.0, onednn: bool = False) -> float:
     """This machine's float32 matmul rate (FLOP/s) with ``threads`` torch threads: ``n x n`` by ``n x n``
-    products repeated for about ``seconds``, the best of three rounds."""
+    products repeated for about ``seconds``, the best of three rounds; by PyTorch's ``mm`` (MKL on x86), or
+    ``onednn``: by oneDNN's linear kernel (``strategy.cpu_matmul``), which on some CPUs runs at twice MKL's rate."""
     a, b = torch.randn(n, n), torch.randn(n, n)
-    return _best_rate(lambda: torch.mm(a, b), 2 * n**3, threads, seconds)
+    linear = _onednn_linear()
+    work = (lambda: linear(a, b)) if onednn else (lambda: torch.mm(a, b))
+    with torch.no_grad():
+        return _best_rate(work, 2 * n**3, threads, seconds)
 
 
 def _best_rate(work, flops: float, threads: int, seconds: float) -> float:

@@ -100,6 +100,30 @@ def test_compiled_blocks_on_two_ranks_equal_one_eager_process(
     assert_within(diff, 1e-5, f"{strategy} with compiled blocks: max |param difference| after one Adam step")
 
 
+@pytest.mark.distributed
+@pytest.mark.parametrize(
+    "strategy, stage, nproc",
+    [("single", "2", 1), ("fsdp2", "2", 2), ("deepspeed", "3", 2)],
+    ids=["single", "fsdp2", "zero3"],
+)
+def test_onednn_linear_layers_update_as_mkl_does(tiny_model, tmp_path, single_update, strategy, stage, nproc):
+    """``strategy.cpu_matmul=onednn`` (every linear layer's products by oneDNN, forward and backward;
+    tests/test_cpu_matmul.py) in one process and on 2 ranks under FSDP2 (gathered weights) and ZeRO-3 (weights gathered
+    in the forward and again in the backward) makes the one-process update with MKL's products (the bound of
+    test_two_ranks_equal_one_process: two summation orders of the float32 gradients, eps = 1e-4, slope <= 10)."""
+    out = tmp_path / f"{strategy}-onednn.pt"
+    _run(
+        [str(tiny_model("qwen2_5_vl")), str(out), strategy, stage, "shared", "0", "even", "strategy.cpu_matmul=onednn"],
+        nproc,
+    )
+    got = torch.load(out)
+    assert got["onednn_linears"] > 0 and single_update["onednn_linears"] == 0
+    ref = single_update["state"]
+    assert set(got["state"]) == set(ref)
+    diff = max((got["state"][k].double() - ref[k].double()).abs().max().item() for k in ref)
+    assert_within(diff, 1e-5, f"{strategy} with oneDNN linear layers: max |param difference| after one Adam step")
+
+
 @pytest.fixture(scope="module")
 def single_uneven(tiny_model, tmp_path_factory):
     """The one-process update (fixed micro-batches of 3) on the samples of the uneven ranks below (14 in all)."""

@@ -21,6 +21,7 @@ from data_pipelines.collate import encode_prompt
 from data_pipelines.synthetic import make_prompt_records
 from reward_models.pool import RewardPool
 from vlrft.config import load_config
+from vlrft.models.cpu_matmul import OneDNNLinear
 from vlrft.models.loading import load_model
 from vlrft.rollout import Rollout
 from vlrft.strategies import finish_process, make_strategy
@@ -67,9 +68,12 @@ def main() -> None:
     trainer._micro_loss = lambda *a: calls.append(1) or forward(*a)
     trainer.train_on(exp, metrics)
     counts = strategy.all_gather_object((len(exp), len(calls)))
+    onednn = sum(isinstance(m, OneDNNLinear) for m in strategy.unwrap().modules())  # strategy.cpu_matmul's layers
     state = strategy.full_state_dict()
     if strategy.is_rank0:
-        torch.save({"state": state, "metrics": metrics, "samples_and_micro_batches": counts}, out_file)
+        torch.save(
+            {"state": state, "metrics": metrics, "samples_and_micro_batches": counts, "onednn_linears": onednn}, out_file
+        )
     strategy.barrier()
 
 

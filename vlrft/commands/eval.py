@@ -46,6 +46,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--dtype", default=None, choices=["float32", "bfloat16", "float16"], help="model dtype (default: as saved)"
     )
     p.add_argument(
+        "--cpu-matmul",
+        default="auto",
+        choices=["auto", "onednn", "mkl"],
+        help="the hf engine's float32 linear layers on a CPU: as train-policy's strategy.cpu_matmul (default auto: "
+        "oneDNN on AVX-512 CPUs that are not Intel's, where MKL keeps to AVX2)",
+    )
+    p.add_argument(
         "--max-pixels",
         type=int,
         default=None,
@@ -139,6 +146,7 @@ def run(args: argparse.Namespace) -> int:
     from data_pipelines.readers import filter_by_prompt_length
     from eval.benchmarks import get_benchmark
     from eval.runner import check_out_dir, evaluate, run_settings
+    from vlrft.models.cpu_matmul import use_onednn_linears, wants_onednn
     from vlrft.models.loading import load_model, load_processor, resolve_model_path
     from vlrft.rollout import make_engine
     from vlrft.trainer.preflight import check_model_folder
@@ -192,6 +200,8 @@ def run(args: argparse.Namespace) -> int:
         tools_cfg = ToolsConfig(names=list(args.tools), max_turns=args.max_turns, max_tokens=args.max_trajectory_tokens)
         tools = ToolBox(tools_cfg, processor_image_kwargs(processor))  # tools that do not load stop here
     model, _ = load_model(path, args.dtype, device, processor=False)
+    if str(device) == "cpu" and wants_onednn(args.cpu_matmul):
+        use_onednn_linears(model)
     image_kwargs = {"max_pixels": args.max_pixels, "min_pixels": None} if args.max_pixels else None
     engine = make_engine(args.engine, model, processor, micro_batch_size=args.batch_size)
     runs = {args.out: None}

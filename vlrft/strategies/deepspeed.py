@@ -79,7 +79,7 @@ class DeepSpeedStrategy(Strategy):
     def prepare(self, model: torch.nn.Module, total_steps: int = 1, trainable: bool = True):
         import deepspeed
 
-        model = self._adapt_model(model) if trainable else model
+        model = self._prepared(model, trainable)
         if not trainable:
             engine, *_ = deepspeed.initialize(model=model, config=self._ds_config(False))
             engine.eval()

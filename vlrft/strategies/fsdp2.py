@@ -57,7 +57,7 @@ class FSDP2Strategy(Strategy):
         return model
 
     def prepare(self, model: torch.nn.Module, total_steps: int = 1, trainable: bool = True):
-        model = self._adapt_model(model) if trainable else model
+        model = self._prepared(model, trainable)
         if not self.cfg.cpu_offload:
             model = model.to(self.device)
         return self._with_optimizer(self._shard(model), total_steps, trainable)

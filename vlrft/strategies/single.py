@@ -25,7 +25,7 @@ class Autocast(torch.nn.Module):
 
 class SingleStrategy(Strategy):
     def prepare(self, model: torch.nn.Module, total_steps: int = 1, trainable: bool = True):
-        model = self._adapt_model(model) if trainable else model
+        model = self._prepared(model, trainable)
         model, optimizer, scheduler = self._with_optimizer(model.to(self.device), total_steps, trainable)
         computed = Autocast(model, self.device.type) if self.cfg.bf16 else model  # what forwards call
         if trainable:

@@ -1,0 +1,122 @@
+"""The linear layers' float32 matrix products on x86 CPUs through oneDNN instead of MKL (``strategy.cpu_matmul``).
+
+PyTorch's float32 ``F.linear`` and ``matmul`` on a CPU call MKL's sgemm. MKL takes its AVX-512 kernels on Intel's
+CPUs only: on an AMD EPYC with AVX-512 (the machines CI and the benches run on) its sgemm runs its AVX2 branch, 105
+GFLOP/s on one thread, where oneDNN's float32 products, which PyTorch ships too, run 230-256 GFLOP/s on the same
+core (``scripts/bench_grpo_step.py`` measures both; docs/benchmarks.md). :func:`use_onednn_linears` routes every
+``nn.Linear`` of a model through :func:`onednn_linear`: the forward ``x W^T + b`` and, in the backward, ``g W`` and
+``g^T x`` as oneDNN products (``torch.ops.mkldnn._linear_pointwise``, the kernel of PyTorch's own oneDNN linear);
+the bias gradient is a sum. Same products, same float32 inputs and outputs; the sums are ordered differently, so
+results differ from MKL's within float32 rounding (``tests/test_cpu_matmul.py`` bounds both against float64).
+
+Only float32 CPU tensors outside autocast and outside ``torch.compile`` take it; anything else (CUDA, bf16 autocast,
+a compiled block, a DTensor) goes through ``F.linear`` as before.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@functools.cache
+def onednn_available() -> bool:
+    """Whether this PyTorch has oneDNN's float32 linear kernel."""
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+@functools.cache
+def onednn_faster() -> bool:
+    """``strategy.cpu_matmul=auto``'s rule: oneDNN where PyTorch runs its AVX-512 kernels on a CPU that is not
+    Intel's (MKL's sgemm keeps to AVX2 there: 105 against oneDNN's 230-256 GFLOP/s on one core of the AMD EPYC the
+    benches ran on). On Intel's CPUs MKL has AVX-512 kernels of its own, and on AVX2 machines (the tests pin AVX2:
+    tests/conftest.py) the two libraries have the same vector width, so MKL, PyTorch's default, is kept: neither was
+    measured faster with oneDNN. ``ATEN_CPU_CAPABILITY=avx2`` caps it like the tests do."""
+    if not onednn_available() or torch.backends.cpu.get_cpu_capability() not in ("AVX512", "AVX512_BF16", "AMX"):
+        return False
+    try:
+        with open("/proc/cpuinfo") as f:
+            vendor = next((line.split(":", 1)[1].strip() for line in f if line.startswith("vendor_id")), "")
+    except OSError:
+        return False
+    return bool(vendor) and vendor != "GenuineIntel"
+
+
+def wants_onednn(setting: str) -> bool:
+    """``strategy.cpu_matmul`` (or ``vlrft eval --cpu-matmul``) resolved for this machine: ``onednn``, ``mkl``, or
+    ``auto`` (:func:`onednn_faster`)."""
+    if setting == "onednn" and not onednn_available():
+        raise ValueError(f"cpu_matmul={setting}: this PyTorch has no oneDNN float32 linear kernel (mkldnn)")
+    return setting == "onednn" or (setting == "auto" and onednn_faster())
+
+
+def _product(x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x @ weight_t^T + bias`` by oneDNN (``weight_t``: 2-D, rows are output features)."""
+    return torch.ops.mkldnn._linear_pointwise(x, weight_t.contiguous(), bias, "none", [], "")
+
+
+class _OneDNNLinear(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None
+        return _product(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        x, weight = ctx.saved_tensors
+        grad_x = grad_w = grad_b = None
+        rows = grad.reshape(-1, grad.shape[-1])  # (tokens, out)
+        if ctx.needs_input_grad[0]:
+            grad_x = _product(grad, weight.t())  # g W
+        if ctx.needs_input_grad[1]:
+            grad_w = _product(rows.t(), x.reshape(-1, x.shape[-1]).t())  # g^T x: (out, tokens) by (tokens, in)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            grad_b = rows.sum(0)
+        return grad_x, grad_w, grad_b
+
+
+def _takes_onednn(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    return (
+        x.device.type == "cpu"
+        and x.dtype == torch.float32
+        and weight.dtype == torch.float32
+        and type(weight) in (torch.Tensor, nn.Parameter)  # not a DTensor (FSDP2 gathers before the forward)
+        and weight.device.type == "cpu"
+        and x.numel() > 0
+        and not torch.is_autocast_enabled("cpu")
+        and not torch.compiler.is_compiling()
+    )
+
+
+def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` with its products (forward and backward) by oneDNN where :func:`_takes_onednn`
+    allows, else ``F.linear`` itself."""
+    if not _takes_onednn(x, weight):
+        return F.linear(x, weight, bias)
+    needs_grad = x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
+    if torch.is_grad_enabled() and needs_grad:
+        return _OneDNNLinear.apply(x, weight, bias)
+    return _product(x, weight, bias)
+
+
+class OneDNNLinear(nn.Linear):
+    """An ``nn.Linear`` whose forward is :func:`onednn_linear` (a layer's class is swapped in place: same parameters,
+    same state dict, still an ``nn.Linear`` to peft and FSDP2)."""
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return onednn_linear(input, self.weight, self.bias)
+
+
+def use_onednn_linears(model: nn.Module) -> int:
+    """Route each plain ``nn.Linear`` of ``model`` through oneDNN (:class:`OneDNNLinear`); returns how many. Layers of
+    other classes (peft's LoRA wrappers, whose inner ``nn.Linear`` layers are swapped) are left alone."""
+    count = 0
+    for module in model.modules():
+        if type(module) is nn.Linear:
+            module.__class__ = OneDNNLinear
+            count += 1
+    return count
