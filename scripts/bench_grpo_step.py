@@ -16,9 +16,11 @@ prompt and own past; windowed and full vision blocks); the rollout 2 x (decoder 
 decoded position (every row of the generate call for every step) plus the prefill once per prompt
 (2 x parameters x prompt tokens), the vision tower once per prompt and attention (4 x head width per pair).
 Printed per phase: the median FLOPs, the median time, the achieved FLOP/s and its share of this machine's
-float32 GEMM rate measured at the same thread count (1024^3 matmuls); the rollout's also against the decode GEMM
-rate (the model's own decoder and LM head products at the rollout's rows, weights from memory, in the rollout's
-dtype: what a decode step's products can reach here). ``--sides vlrft`` runs without TRL;
+float32 GEMM rate measured at the same thread count (1024^3 matmuls, the faster of PyTorch's ``mm``, MKL on x86,
+and oneDNN's linear kernel: on an AMD EPYC with AVX-512 MKL keeps to AVX2 and oneDNN runs twice as fast) and of
+MKL's; the rollout's also against the decode GEMM rate (the model's own decoder and LM head products at the
+rollout's rows, weights from memory, in the rollout's dtype and by its linear layers' kernel,
+``strategy.cpu_matmul``: what a decode step's products can reach here). ``--sides vlrft`` runs without TRL;
 ``--engine vllm`` times the vllm engine (run with .venv-vllm/bin/python).
 
 TRL is not a dependency of vlrft; a venv of its own that reuses vlrft's packages (docs/benchmarks.md):
