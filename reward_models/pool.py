@@ -56,6 +56,7 @@ from reward_models.sources import (
 )
 from vlrft.algorithms.shaping import combine_rewards
 from vlrft.config import ConfigError, option
+from vlrft.models.cpu_matmul import use_onednn_linears
 
 KINDS = tuple(SOURCE_KINDS)  # verifier, srm, grm, function, http, openai_judge
 
@@ -190,7 +191,9 @@ def combine(per_source: dict[str, torch.Tensor], weights: list[dict[str, float]]
 class RewardPool:
     """``score(records, responses) -> PoolOutput``; records are repeated per sample (one per response)."""
 
-    def __init__(self, cfg: RewardPoolConfig, device: str | torch.device | None = None):
+    def __init__(self, cfg: RewardPoolConfig, device: str | torch.device | None = None, onednn: bool = False):
+        """``onednn``: the models of the pool's sources compute their float32 linear layers by oneDNN on a CPU (the
+        policy's ``strategy.cpu_matmul``, resolved; ``vlrft.models.cpu_matmul``)."""
         cfg.validate()
         self.cfg = cfg
         dev = device or cfg.device
@@ -203,6 +206,8 @@ class RewardPool:
         for i, s in enumerate(cfg.sources):
             check_source(s, f"reward.sources[{i}]")  # the kind's own rules (preflight ran them too)
             self.sources[s.name] = make_source(s, self.device, cfg.offload)
+            if onednn and self.device.type == "cpu" and getattr(self.sources[s.name], "model", None) is not None:
+                use_onednn_linears(self.sources[s.name].model)
             self.sources[s.name].executor = self._threads  # for sources that score samples concurrently
         # the sources that grade a response on their own, and the one the accuracy is read from
         self.graders = {n: v for n, v in ((n, src.verifier()) for n, src in self.sources.items()) if v is not None}
