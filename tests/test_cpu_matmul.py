@@ -98,6 +98,9 @@ def test_strategies_swap_linear_layers_where_asked_and_auto_follows_the_machine(
         for m in (trained, frozen):
             assert sum(isinstance(x, OneDNNLinear) for x in m.modules()) == swapped
             assert sum(isinstance(x, torch.nn.Linear) for x in m.modules()) == linears  # still nn.Linear layers
+            # the vision tower's patch embedding, computed as a linear product (group_forward.patch_product)
+            convs = [x for x in m.modules() if isinstance(x, torch.nn.Conv3d)]
+            assert len(convs) == 1 and getattr(convs[0], "onednn_product", False) == (setting == "onednn")
     # the tests pin torch's kernels at AVX2 on x86 (conftest.py): auto keeps MKL there, so the suite's
     # trajectories do not depend on whether the machine has AVX-512
     if PINNED and torch.backends.cpu.get_cpu_capability() == "AVX2":

@@ -115,10 +115,14 @@ class OneDNNLinear(nn.Linear):
 
 def use_onednn_linears(model: nn.Module) -> int:
     """Route each plain ``nn.Linear`` of ``model`` through oneDNN (:class:`OneDNNLinear`); returns how many. Layers of
-    other classes (peft's LoRA wrappers, whose inner ``nn.Linear`` layers are swapped) are left alone."""
+    other classes (peft's LoRA wrappers, whose inner ``nn.Linear`` layers are swapped) are left alone. A vision
+    tower's patch embedding, a ``Conv3d`` computed as the linear product it is (``group_forward.patch_product``),
+    computes that product by oneDNN too (``onednn_product`` set on it)."""
     count = 0
     for module in model.modules():
         if type(module) is nn.Linear:
             module.__class__ = OneDNNLinear
             count += 1
+        elif isinstance(module, nn.Conv3d):
+            module.onednn_product = True
     return count

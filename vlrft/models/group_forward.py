@@ -43,6 +43,8 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from vlrft.models.cpu_matmul import onednn_linear
+
 # the attention implementation of a packed model's text layers: SDPA, computing only the pairs a packed row allows
 PACKED_SDPA = "vlrft_packed_sdpa"
 
@@ -452,8 +454,10 @@ def use_linear_patch_embedding(model: torch.nn.Module) -> int:
 
 def patch_product(conv: torch.nn.Conv3d, patches: torch.Tensor) -> torch.Tensor:
     """A patch embedding's convolution with its kernel as its stride, on whole patches ``[N, C, T, P, P]``, as the
-    matrix product it equals: ``[N, embed, 1, 1, 1]``, as the convolution returns."""
-    out = torch.nn.functional.linear(patches.flatten(1), conv.weight.flatten(1), conv.bias)
+    matrix product it equals: ``[N, embed, 1, 1, 1]``, as the convolution returns; by oneDNN where the model's linear
+    layers compute so (``strategy.cpu_matmul``: ``cpu_matmul.use_onednn_linears`` marks the convolution)."""
+    linear = onednn_linear if getattr(conv, "onednn_product", False) else torch.nn.functional.linear
+    out = linear(patches.flatten(1), conv.weight.flatten(1), conv.bias)
     return out[:, :, None, None, None]
 
 
