@@ -105,6 +105,7 @@ def vlrft_trainer(model_dir: Path, out: Path, a: argparse.Namespace, extra: tupl
     from data_pipelines.synthetic import make_prompt_records
     from reward_models.pool import RewardPool
     from vlrft.config import load_config
+    from vlrft.models.cpu_matmul import uses_onednn
     from vlrft.models.loading import load_model
     from vlrft.strategies import make_strategy
     from vlrft.trainer.config import PolicyTrainConfig
@@ -162,8 +163,9 @@ def vlrft_trainer(model_dir: Path, out: Path, a: argparse.Namespace, extra: tupl
     # the dtype the rollout computes in: the hf engine's inference copy's (rollout.hf.dtype), vLLM's
     # (rollout.vllm.dtype), else the policy's
     run.rollout_dtype = trainer.engine.weight_dtype or model.dtype
-    # its CPU linear layers' kernel (strategy.cpu_matmul), which the decode GEMM rate is measured with
-    run.onednn = cfg.strategy.onednn and strategy.device.type == "cpu"
+    # its linear layers' kernel (strategy.cpu_matmul, as the strategy applied it), which the decode GEMM rate is
+    # measured with
+    run.onednn = uses_onednn(model)
     return run
 
 

@@ -3,6 +3,7 @@ the GPU at hand, and the model FLOPs of one update (the numerator of actor MFU).
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
@@ -230,8 +231,7 @@ def gemm_flops_per_s(threads: int, n: int = 1024, seconds: float = 1.0, onednn: 
     products repeated for about ``seconds``, the best of three rounds; by PyTorch's ``mm`` (MKL on x86), or
     ``onednn``: by oneDNN's linear kernel (``strategy.cpu_matmul``), which on some CPUs runs at twice MKL's rate."""
     a, b = torch.randn(n, n), torch.randn(n, n)
-    linear = _onednn_linear()
-    work = (lambda: linear(a, b)) if onednn else (lambda: torch.mm(a, b))
+    work = functools.partial(_onednn_linear(), a, b) if onednn else functools.partial(torch.mm, a, b)
     with torch.no_grad():
         return _best_rate(work, 2 * n**3, threads, seconds)
 

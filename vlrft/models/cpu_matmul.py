@@ -113,6 +113,11 @@ class OneDNNLinear(nn.Linear):
         return onednn_linear(input, self.weight, self.bias)
 
 
+def uses_onednn(model: nn.Module) -> bool:
+    """Whether ``model``'s linear layers compute by oneDNN (:func:`use_onednn_linears` swapped them)."""
+    return any(isinstance(m, OneDNNLinear) for m in model.modules())
+
+
 def use_onednn_linears(model: nn.Module) -> int:
     """Route each plain ``nn.Linear`` of ``model`` through oneDNN (:class:`OneDNNLinear`); returns how many. Layers of
     other classes (peft's LoRA wrappers, whose inner ``nn.Linear`` layers are swapped) are left alone. A vision

@@ -38,7 +38,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from data_pipelines.collate import EncodedPrompt, collate_prompts, tokenizer_of
 from vlrft.config import ConfigError, option
-from vlrft.models.cpu_matmul import OneDNNLinear, use_onednn_linears
+from vlrft.models.cpu_matmul import use_onednn_linears, uses_onednn
 from vlrft.models.group_forward import share_prompt_cache, use_packed_attention
 from vlrft.models.loading import load_model
 from vlrft.rollout.base import Rollout, SamplingParams, vision_token_ids
@@ -457,7 +457,7 @@ def _inference_copy(policy: torch.nn.Module, dtype: torch.dtype, device: torch.d
             f"{folder!r}); set rollout.hf.inference_copy=off"
         )
     copy, _ = load_model(folder, dtype, device, processor=False)
-    if any(isinstance(m, OneDNNLinear) for m in policy.modules()):  # computes as the policy does
+    if uses_onednn(policy):  # computes as the policy does
         use_onednn_linears(copy)
     return copy.eval().requires_grad_(False)
 
