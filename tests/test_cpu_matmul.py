@@ -14,7 +14,15 @@ import torch.nn.functional as F
 from conftest import PINNED
 from tolerance import assert_within
 
-from vlrft.models.cpu_matmul import OneDNNLinear, onednn_available, onednn_faster, onednn_linear, use_onednn_linears
+from vlrft.models import cpu_matmul
+from vlrft.models.cpu_matmul import (
+    OneDNNLinear,
+    onednn_available,
+    onednn_faster,
+    onednn_linear,
+    onednn_matmul,
+    use_onednn_linears,
+)
 from vlrft.models.loading import load_model
 from vlrft.rollout import HFEngineConfig, SamplingParams, make_engine
 from vlrft.strategies import OptimConfig, StrategyConfig, make_strategy
@@ -70,6 +78,77 @@ def test_the_product_and_its_gradients_are_float64_within_the_dot_product_bound(
     assert y.shape == (2, tokens // 2, fout)
 
 
+def test_the_batched_product_and_its_gradients_are_float64_within_the_dot_product_bound():
+    """``onednn_matmul(a, b)``, one oneDNN product per batch element (the attention's products over a shared
+    prompt), forward ``a b`` (length k) and backward ``g b^T`` (length n), ``a^T g`` (length m), each within its
+    gamma_n bound of float64 on the same float32 inputs; products below its size threshold, other batch shapes and
+    float64 inputs are ``torch.matmul``'s, bit for bit."""
+    gen = torch.Generator().manual_seed(2)
+    m, k, n = 161, 97, 290  # 4.5 M multiply-adds per product: above MATMUL_MIN_MACS; odd sizes
+    assert m * k * n >= cpu_matmul.MATMUL_MIN_MACS
+    a = torch.randn(2, 3, m, k, generator=gen)
+    b = torch.randn(2, 3, n, k, generator=gen).transpose(-1, -2)  # a transposed view, as the prompt's keys are
+    g = torch.randn(2, 3, m, n, generator=gen)
+    a_, b_ = a.clone().requires_grad_(), b.clone().requires_grad_()
+    y = onednn_matmul(a_, b_)
+    y.backward(g)
+    a64, b64, g64 = a.double(), b.double(), g.double()
+    ratios = {
+        "forward": _worst_ratio(y.detach(), a64 @ b64, a64.abs() @ b64.abs(), k),
+        "grad a": _worst_ratio(a_.grad, g64 @ b64.transpose(-1, -2), g64.abs() @ b64.abs().transpose(-1, -2), n),
+        "grad b": _worst_ratio(b_.grad, a64.transpose(-1, -2) @ g64, a64.abs().transpose(-1, -2) @ g64.abs(), m),
+    }
+    for what, ratio in ratios.items():
+        assert_within(ratio, 1.0, f"oneDNN batched product, {what}: error / its gamma_n bound")
+    assert y.shape == (2, 3, m, n) and a_.grad.shape == a.shape and b_.grad.shape == b.shape
+    with torch.no_grad():  # no autograd: the same products
+        assert torch.equal(onednn_matmul(a, b), y.detach())
+    small = a[..., :8, :], b[..., :8]  # 8 x 97 x 8 multiply-adds: below the threshold
+    assert torch.equal(onednn_matmul(*small), torch.matmul(*small))
+    assert torch.equal(onednn_matmul(a, b[:1]), torch.matmul(a, b[:1]))  # broadcast batch: torch.matmul
+    assert torch.equal(onednn_matmul(a.double(), b.double()), torch.matmul(a.double(), b.double()))
+
+
+def test_the_shared_forward_attends_to_the_prompt_by_onednn_as_by_mkl(tiny_model, monkeypatch):
+    """A policy whose layers compute by oneDNN (``use_onednn_linears``) attends to each group's prompt through
+    ``onednn_matmul`` in the group-shared forward (its threshold lowered for the tiny model's small products): its
+    log-probs and every parameter's gradient equal the MKL model's within 1e-5 (float32 sums reordered, as in
+    tests/test_group_forward.py), and the profiler counts two more oneDNN products per text layer and prompt."""
+    from test_group_forward import _batch, _records
+
+    from vlrft.trainer.experience import response_logprobs
+
+    monkeypatch.setattr(cpu_matmul, "MATMUL_MIN_MACS", 0)
+    folder = tiny_model("qwen2_5_vl")
+    mkl, proc = load_model(folder, torch.float32)
+    dnnl, _ = load_model(folder, torch.float32)
+    use_onednn_linears(dnnl)
+    attention = [m for m in dnnl.modules() if getattr(m, "is_causal", False)]
+    assert attention and all(m.onednn_product for m in attention)
+    batch, ids, mask = _batch(proc, _records(True), [2, 3, 5, 1], seed=1)
+    adv = torch.randn(ids.shape[0], 1, generator=torch.Generator().manual_seed(0)).expand_as(ids)
+
+    def run(model):
+        model.zero_grad()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            logp, _ = response_logprobs(model, batch, ids, shared=True)
+            (-(logp * adv * mask).sum() / mask.sum()).backward()
+        calls = sum(e.count for e in prof.key_averages() if e.key == "mkldnn::_linear_pointwise")
+        return logp.detach(), {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}, calls
+
+    (lp_m, g_m, _), (lp_d, g_d, calls) = run(mkl), run(dnnl)
+    monkeypatch.setattr(cpu_matmul, "MATMUL_MIN_MACS", 1 << 62)  # the prompt's products back on torch.matmul
+    _, _, linear_calls = run(dnnl)
+    layers, kv_heads = dnnl.config.text_config.num_hidden_layers, dnnl.config.text_config.num_key_value_heads
+    # forward: 2 products per prompt and KV head in every layer; backward: 2 more for each of them
+    assert calls - linear_calls == 3 * 2 * layers * 4 * kv_heads
+    m = mask.bool()
+    assert_within((lp_d - lp_m)[m].abs().max().item(), 1e-5, "shared forward log-probs, oneDNN vs MKL")
+    assert set(g_d) == set(g_m)
+    worst = max(((g_d[k] - g).norm() / g.norm().clamp_min(1e-12)).item() for k, g in g_m.items() if g.norm() > 0)
+    assert_within(worst, 1e-5, "shared forward gradients, oneDNN vs MKL, worst relative difference")
+
+
 def test_frozen_weights_and_inputs_get_no_gradient_and_other_inputs_fall_back_to_f_linear():
     gen = torch.Generator().manual_seed(1)
     x, w = torch.randn(5, 8, generator=gen), torch.randn(4, 8, generator=gen)
@@ -101,6 +180,9 @@ def test_strategies_swap_linear_layers_where_asked_and_auto_follows_the_machine(
             # the vision tower's patch embedding, computed as a linear product (group_forward.patch_product)
             convs = [x for x in m.modules() if isinstance(x, torch.nn.Conv3d)]
             assert len(convs) == 1 and getattr(convs[0], "onednn_product", False) == (setting == "onednn")
+            # the text attention's products over a shared prompt (group_forward._prefix_attention)
+            attention = [x for x in m.modules() if getattr(x, "is_causal", False)]
+            assert attention and all(getattr(x, "onednn_product", False) == (setting == "onednn") for x in attention)
     # the tests pin torch's kernels at AVX2 on x86 (conftest.py): auto keeps MKL there, so the suite's
     # trajectories do not depend on whether the machine has AVX-512
     if PINNED and torch.backends.cpu.get_cpu_capability() == "AVX2":

@@ -448,12 +448,21 @@ def test_vision_towers_attend_through_varlen_sdpa_as_through_per_sequence_sdpa(t
     assert_within(worst, FORWARD_BOUND, f"{arch}: varlen vs per-sequence, worst relative gradient difference")
 
 
-def test_packed_responses_explicit_attention_equals_float64_gradients_included():
+@pytest.mark.parametrize("onednn", [False, True])
+def test_packed_responses_explicit_attention_equals_float64_gradients_included(onednn, monkeypatch):
     """The explicit attention of a block's responses (``_prefix_attention`` with each response's queries its own
     keys: ``q == t``, causal, no prompt padding), which CPU training takes for responses no longer than the head
     dimension, against a float64 softmax over each response's copy of its prompt followed by its own keys:
-    outputs and the gradients wrt the queries, the responses' keys and values and the prompt's keys and values."""
+    outputs and the gradients wrt the queries, the responses' keys and values and the prompt's keys and values.
+    ``onednn``: the products over the prompt by ``cpu_matmul.onednn_matmul`` (``strategy.cpu_matmul``), its size
+    threshold lowered so that these small products take it."""
+    from vlrft.models import cpu_matmul
     from vlrft.models.group_forward import _prefix_attention
+
+    if onednn:
+        if not cpu_matmul.onednn_available():
+            pytest.skip("this PyTorch has no oneDNN float32 linear kernel")
+        monkeypatch.setattr(cpu_matmul, "MATMUL_MIN_MACS", 0)
 
     g = torch.Generator().manual_seed(0)
     prompts, n, kv_heads, heads, plen, dim, length = 2, 3, 2, 4, 5, 8, 4
@@ -476,7 +485,9 @@ def test_packed_responses_explicit_attention_equals_float64_gradients_included()
         scores = (q @ full_k.transpose(-1, -2) * dim**-0.5).masked_fill(~ok, float("-inf"))
         return (scores.softmax(-1) @ full_v).transpose(1, 2)
 
-    got, got_grads = run(torch.float32, lambda q, k, v, pk, pv: _prefix_attention(q, k, v, pk, pv, None, dim**-0.5)[0])
+    got, got_grads = run(
+        torch.float32, lambda q, k, v, pk, pv: _prefix_attention(q, k, v, pk, pv, None, dim**-0.5, onednn=onednn)[0]
+    )
     want, want_grads = run(torch.float64, reference)
     # float32 products and sums of 5 + 4 terms of O(1) values, a few ulps (1e-7) each, and the gradients' sums of
     # as many such terms over responses and heads: ~1e-6 at worst; 1e-5 is far above

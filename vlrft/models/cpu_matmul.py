@@ -105,6 +105,54 @@ def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     return _product(x, weight, bias)
 
 
+# a product of fewer multiply-adds than this goes to ``torch.matmul`` in :func:`onednn_matmul`: oneDNN's 11-14 us per
+# call outweighs its faster kernel below about a million (8 x 64 by 64 x 64: 14.3 against MKL's 3.0 us; a decode
+# step's prompt attention, 32 x 128 by 128 x 182 per prompt and KV head, 0.75 M: 342 against 265 us a layer); 4 M
+# leaves a margin, and the training forward's prompt products (1,536 x 128 by 128 x 183, 36 M) are far above it
+MATMUL_MIN_MACS = 1 << 22
+
+
+class _OneDNNMatmul(torch.autograd.Function):
+    """``a @ b`` for ``a`` ``[N, m, k]`` and ``b`` ``[N, k, n]``: one oneDNN product per batch element, forward
+    and backward (``g b^T`` and ``a^T g``)."""
+
+    @staticmethod
+    def forward(ctx, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(a, b)
+        return torch.stack([_product(a[i], b[i].t()) for i in range(a.shape[0])])
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        a, b = ctx.saved_tensors
+        batch = range(a.shape[0])
+        grad_a = torch.stack([_product(grad[i], b[i]) for i in batch]) if ctx.needs_input_grad[0] else None
+        grad_b = torch.stack([_product(a[i].t(), grad[i].t()) for i in batch]) if ctx.needs_input_grad[1] else None
+        return grad_a, grad_b
+
+
+def onednn_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a @ b`` (``a`` ``[..., m, k]``, ``b`` ``[..., k, n]``, the same batch shape) with its products, forward and
+    backward, by oneDNN: one call per batch element, for batches of large products (the attention of a group's
+    responses over their shared prompt: ``group_forward._prefix_attention``; MKL's batched sgemm runs them at 87
+    GFLOP/s on the AMD EPYC of docs/benchmarks.md). ``torch.matmul`` itself where :func:`_takes_onednn` does not
+    allow it, for other shapes, and for products of fewer than :data:`MATMUL_MIN_MACS` multiply-adds."""
+    if (
+        a.dim() < 3
+        or a.shape[:-2] != b.shape[:-2]
+        or a.shape[-1] != b.shape[-2]
+        or a.shape[-2] * a.shape[-1] * b.shape[-1] < MATMUL_MIN_MACS
+        or not _takes_onednn(a, b)
+    ):
+        return torch.matmul(a, b)
+    batch, (m, k), n = a.shape[:-2], a.shape[-2:], b.shape[-1]
+    a3, b3 = a.reshape(-1, m, k), b.reshape(-1, k, n)
+    if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):
+        out = _OneDNNMatmul.apply(a3, b3)
+    else:
+        out = torch.stack([_product(a3[i], b3[i].t()) for i in range(a3.shape[0])])
+    return out.view(*batch, m, n)
+
+
 class OneDNNLinear(nn.Linear):
     """An ``nn.Linear`` whose forward is :func:`onednn_linear` (a layer's class is swapped in place: same parameters,
     same state dict, still an ``nn.Linear`` to peft and FSDP2)."""
@@ -122,12 +170,14 @@ def use_onednn_linears(model: nn.Module) -> int:
     """Route each plain ``nn.Linear`` of ``model`` through oneDNN (:class:`OneDNNLinear`); returns how many. Layers of
     other classes (peft's LoRA wrappers, whose inner ``nn.Linear`` layers are swapped) are left alone. A vision
     tower's patch embedding, a ``Conv3d`` computed as the linear product it is (``group_forward.patch_product``),
-    computes that product by oneDNN too (``onednn_product`` set on it)."""
+    and the attention modules (those with ``is_causal``), whose responses attend to their shared prompt by
+    :func:`onednn_matmul` (``group_forward._prefix_attention``), compute those products by oneDNN too
+    (``onednn_product`` set on them)."""
     count = 0
     for module in model.modules():
         if type(module) is nn.Linear:
             module.__class__ = OneDNNLinear
             count += 1
-        elif isinstance(module, nn.Conv3d):
+        elif isinstance(module, nn.Conv3d) or hasattr(module, "is_causal"):
             module.onednn_product = True
     return count

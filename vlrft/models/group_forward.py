@@ -43,7 +43,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from vlrft.models.cpu_matmul import onednn_linear
+from vlrft.models.cpu_matmul import onednn_linear, onednn_matmul
 
 # the attention implementation of a packed model's text layers: SDPA, computing only the pairs a packed row allows
 PACKED_SDPA = "vlrft_packed_sdpa"
@@ -132,9 +132,11 @@ def _packed_sdpa_eager(module, query, key, value, attention_mask, dropout, scali
     sees the same keys as under the dense block mask. Given keys from a :class:`SharedPrefixLayer` (decoding):
     attention over each sample's prompt, read once per prompt, and its own keys (:func:`_prefix_attention`)."""
     scale = module.scaling if scaling is None else scaling
+    onednn = getattr(module, "onednn_product", False)  # strategy.cpu_matmul: cpu_matmul.use_onednn_linears
     shared = getattr(key, "vlrft_prefix", None)  # keys of a SharedPrefixLayer: decoding n samples per prompt
     if shared is not None and getattr(module, "is_causal", False):
-        return _prefix_attention(query, key, value, shared.prefix_keys, shared.prefix_values, shared.prompt_mask, scale)
+        prefix = shared.prefix_keys, shared.prefix_values, shared.prompt_mask
+        return _prefix_attention(query, key, value, *prefix, scale, onednn=onednn)
     if (
         layout is None
         or not getattr(module, "is_causal", False)
@@ -171,7 +173,7 @@ def _packed_sdpa_eager(module, query, key, value, attention_mask, dropout, scali
                 return x[:, None].expand(-1, n, -1, -1, -1).flatten(0, 1)
 
             if _explicit_scores(query, length, dropout):  # each prompt's keys read once for its K responses
-                o, _ = _prefix_attention(own(query), own(key), own(value), pk, pv, None, scale)
+                o, _ = _prefix_attention(own(query), own(key), own(value), pk, pv, None, scale, onednn=onednn)
             else:
                 keys = torch.cat([shared(pk), own(key)], dim=2)
                 values = torch.cat([shared(pv), own(value)], dim=2)
@@ -295,6 +297,7 @@ def _prefix_attention(
     prefix_values: torch.Tensor,
     prompt_mask: torch.Tensor | None,
     scale: float,
+    onednn: bool = False,
 ) -> tuple[torch.Tensor, None]:
     """Attention of ``query`` ``[prompts * n, heads, q, dim]`` (n samples per prompt, in prompt order) over its
     prompt's ``prefix_keys`` / ``prefix_values`` ``[prompts, kv_heads, P, dim]`` (shared: one matrix product per
@@ -303,7 +306,9 @@ def _prefix_attention(
     own, causal): one softmax over both, in float32 (a bf16 model's queries and keys are cast), the output in the
     query's dtype. The same keys and weights as SDPA over every sample's copy of its prompt followed by its own keys.
     Decoding reads a :class:`SharedPrefixLayer`'s prompt (``q`` new tokens); the packed training forward a block's
-    responses (``q == t``, the whole response). Returns ``[B, q, heads, dim]``."""
+    responses (``q == t``, the whole response). ``onednn``: the two products over the prompt (one per prompt and KV
+    head for all its samples' queries, large in training) by :func:`cpu_matmul.onednn_matmul`
+    (``strategy.cpu_matmul``); the samples' own, a small product each, stay batched. Returns ``[B, q, heads, dim]``."""
     pk, pv = prefix_keys, prefix_values
     n = query.shape[0] // pk.shape[0]
     prompts, kv_heads, plen, _ = pk.shape
@@ -311,7 +316,8 @@ def _prefix_attention(
     g, t = heads // kv_heads, key.shape[-2]
     qf = query.float().reshape(prompts, n, kv_heads, g * q, dim)
     # the prompt's scores: [prompts, kv_heads, n * g * q, P], all samples of a prompt in one product
-    sp = qf.transpose(1, 2).reshape(prompts, kv_heads, n * g * q, dim) @ pk.float().transpose(-1, -2)
+    matmul = onednn_matmul if onednn else torch.matmul
+    sp = matmul(qf.transpose(1, 2).reshape(prompts, kv_heads, n * g * q, dim), pk.float().transpose(-1, -2))
     if prompt_mask is not None:
         sp = sp.masked_fill(~prompt_mask[:, None, None, :], float("-inf"))
     sp = sp.view(prompts, kv_heads, n, g * q, plen).transpose(1, 2).reshape(batch, kv_heads, g * q, plen)
@@ -323,7 +329,12 @@ def _prefix_attention(
     wp, wo = w[..., :plen], w[..., plen:]
     out = wo @ value.float()  # [B, kv_heads, g * q, dim]
     wp = wp.view(prompts, n, kv_heads, g * q, plen).transpose(1, 2).reshape(prompts, kv_heads, n * g * q, plen)
-    op = (wp @ pv.float()).view(prompts, kv_heads, n, g * q, dim).transpose(1, 2).reshape(batch, kv_heads, g * q, dim)
+    op = (
+        matmul(wp, pv.float())
+        .view(prompts, kv_heads, n, g * q, dim)
+        .transpose(1, 2)
+        .reshape(batch, kv_heads, g * q, dim)
+    )
     out = (out + op).view(batch, heads, q, dim).transpose(1, 2).contiguous()
     return out.to(query.dtype), None
 
