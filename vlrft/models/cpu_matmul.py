@@ -112,21 +112,25 @@ def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 MATMUL_MIN_MACS = 1 << 22
 
 
+def _batched_product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a @ b`` for ``a`` ``[N, m, k]`` and ``b`` ``[N, k, n]`` (either may be a transposed view): one oneDNN
+    product per batch element."""
+    return torch.stack([_product(a[i], b[i].t()) for i in range(a.shape[0])])
+
+
 class _OneDNNMatmul(torch.autograd.Function):
-    """``a @ b`` for ``a`` ``[N, m, k]`` and ``b`` ``[N, k, n]``: one oneDNN product per batch element, forward
-    and backward (``g b^T`` and ``a^T g``)."""
+    """:func:`_batched_product` forward and backward (``g b^T`` and ``a^T g``)."""
 
     @staticmethod
     def forward(ctx, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         ctx.save_for_backward(a, b)
-        return torch.stack([_product(a[i], b[i].t()) for i in range(a.shape[0])])
+        return _batched_product(a, b)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         a, b = ctx.saved_tensors
-        batch = range(a.shape[0])
-        grad_a = torch.stack([_product(grad[i], b[i]) for i in batch]) if ctx.needs_input_grad[0] else None
-        grad_b = torch.stack([_product(a[i].t(), grad[i].t()) for i in batch]) if ctx.needs_input_grad[1] else None
+        grad_a = _batched_product(grad, b.transpose(1, 2)) if ctx.needs_input_grad[0] else None
+        grad_b = _batched_product(a.transpose(1, 2), grad) if ctx.needs_input_grad[1] else None
         return grad_a, grad_b
 
 
@@ -149,7 +153,7 @@ def onednn_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):
         out = _OneDNNMatmul.apply(a3, b3)
     else:
-        out = torch.stack([_product(a3[i], b3[i].t()) for i in range(a3.shape[0])])
+        out = _batched_product(a3, b3)
     return out.view(*batch, m, n)
 
 
