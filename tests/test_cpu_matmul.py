@@ -109,26 +109,28 @@ def test_the_batched_product_and_its_gradients_are_float64_within_the_dot_produc
     assert torch.equal(onednn_matmul(a.double(), b.double()), torch.matmul(a.double(), b.double()))
 
 
-def test_the_shared_forward_attends_to_the_prompt_by_onednn_as_by_mkl(tiny_model, monkeypatch):
+def test_the_shared_forward_attends_to_the_prompt_by_onednn_as_by_torch_matmul(tiny_model, monkeypatch):
     """A policy whose layers compute by oneDNN (``use_onednn_linears``) attends to each group's prompt through
-    ``onednn_matmul`` in the group-shared forward (its threshold lowered for the tiny model's small products): its
-    log-probs and every parameter's gradient equal the MKL model's within 1e-5 (float32 sums reordered, as in
-    tests/test_group_forward.py), and the profiler counts two more oneDNN products per text layer and prompt."""
+    ``onednn_matmul`` in the group-shared forward (its threshold lowered for the tiny model's small products). Against
+    the same model with those products back on ``torch.matmul`` (the linear layers by oneDNN in both, so only the
+    attention differs; oneDNN against MKL linear layers: the tests above and tests/test_policy_distributed.py): its
+    log-probs and every parameter's gradient within 1e-5 (float32 sums reordered, as in tests/test_group_forward.py),
+    and the profiler counts six more oneDNN products per text layer, prompt and KV head (two forward, and their two
+    gradients each)."""
     from test_group_forward import _batch, _records
 
     from vlrft.trainer.experience import response_logprobs
 
-    monkeypatch.setattr(cpu_matmul, "MATMUL_MIN_MACS", 0)
-    folder = tiny_model("qwen2_5_vl")
-    mkl, proc = load_model(folder, torch.float32)
-    dnnl, _ = load_model(folder, torch.float32)
-    use_onednn_linears(dnnl)
-    attention = [m for m in dnnl.modules() if getattr(m, "is_causal", False)]
+    model, proc = load_model(tiny_model("qwen2_5_vl"), torch.float32)
+    use_onednn_linears(model)
+    attention = [m for m in model.modules() if getattr(m, "is_causal", False)]
     assert attention and all(m.onednn_product for m in attention)
-    batch, ids, mask = _batch(proc, _records(True), [2, 3, 5, 1], seed=1)
+    records = _records(True)
+    batch, ids, mask = _batch(proc, records, [2, 3, 5, 1], seed=1)
     adv = torch.randn(ids.shape[0], 1, generator=torch.Generator().manual_seed(0)).expand_as(ids)
 
-    def run(model):
+    def run(min_macs: int):
+        monkeypatch.setattr(cpu_matmul, "MATMUL_MIN_MACS", min_macs)
         model.zero_grad()
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
             logp, _ = response_logprobs(model, batch, ids, shared=True)
@@ -136,17 +138,15 @@ def test_the_shared_forward_attends_to_the_prompt_by_onednn_as_by_mkl(tiny_model
         calls = sum(e.count for e in prof.key_averages() if e.key == "mkldnn::_linear_pointwise")
         return logp.detach(), {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}, calls
 
-    (lp_m, g_m, _), (lp_d, g_d, calls) = run(mkl), run(dnnl)
-    monkeypatch.setattr(cpu_matmul, "MATMUL_MIN_MACS", 1 << 62)  # the prompt's products back on torch.matmul
-    _, _, linear_calls = run(dnnl)
-    layers, kv_heads = dnnl.config.text_config.num_hidden_layers, dnnl.config.text_config.num_key_value_heads
-    # forward: 2 products per prompt and KV head in every layer; backward: 2 more for each of them
-    assert calls - linear_calls == 3 * 2 * layers * 4 * kv_heads
+    lp_d, g_d, calls = run(0)  # the prompt's products by oneDNN
+    lp_t, g_t, linear_calls = run(1 << 62)  # by torch.matmul
+    text = model.config.text_config
+    assert calls - linear_calls == 3 * 2 * text.num_hidden_layers * len(records) * text.num_key_value_heads
     m = mask.bool()
-    assert_within((lp_d - lp_m)[m].abs().max().item(), 1e-5, "shared forward log-probs, oneDNN vs MKL")
-    assert set(g_d) == set(g_m)
-    worst = max(((g_d[k] - g).norm() / g.norm().clamp_min(1e-12)).item() for k, g in g_m.items() if g.norm() > 0)
-    assert_within(worst, 1e-5, "shared forward gradients, oneDNN vs MKL, worst relative difference")
+    assert_within((lp_d - lp_t)[m].abs().max().item(), 1e-5, "shared forward log-probs, prompt attention by oneDNN")
+    assert set(g_d) == set(g_t)
+    worst = max(((g_d[k] - g).norm() / g.norm().clamp_min(1e-12)).item() for k, g in g_t.items() if g.norm() > 0)
+    assert_within(worst, 1e-5, "shared forward gradients, prompt attention by oneDNN, worst relative difference")
 
 
 def test_frozen_weights_and_inputs_get_no_gradient_and_other_inputs_fall_back_to_f_linear():
