@@ -44,7 +44,7 @@ def measure(a: argparse.Namespace) -> dict:
     from data_pipelines.synthetic import make_prompt_records
     from vlrft.models.loading import load_model
     from vlrft.strategies import OptimConfig, StrategyConfig, make_strategy
-    from vlrft.strategies.base import keep_freed_memory
+    from vlrft.strategies.process import keep_freed_memory
     from vlrft.trainer.experience import response_logprobs, response_tensors
 
     torch.set_num_threads(a.threads)
@@ -101,7 +101,7 @@ def measure(a: argparse.Namespace) -> dict:
 def _map_every_large_allocation() -> None:
     """glibc's malloc maps each allocation of 128 KiB or more afresh and unmaps it when freed (a fixed
     ``M_MMAP_THRESHOLD``, which glibc would otherwise raise as large blocks are freed, keeping them in the heap)."""
-    from vlrft.strategies.base import M_MMAP_THRESHOLD, mallopt
+    from vlrft.strategies.process import M_MMAP_THRESHOLD, mallopt
 
     mallopt(M_MMAP_THRESHOLD, 128 * 1024)
 

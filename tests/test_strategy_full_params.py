@@ -14,7 +14,7 @@ from transformers import AutoModelForImageTextToText
 import vlrft.models  # noqa: F401
 from tests.test_policy_distributed import _run_script
 from vlrft.strategies import OptimConfig, StrategyConfig, make_strategy
-from vlrft.strategies.base import transformer_blocks
+from vlrft.strategies.blocks import transformer_blocks
 
 
 def test_single_streams_every_parameter_under_its_hf_name(tiny_model):

@@ -72,7 +72,7 @@ def test_gradient_checkpointing_gives_the_same_gradients(tiny_model):
     hooks on a block (FSDP2's and DeepSpeed's gather, FSDP2's cast of the inputs to bf16) run once per forward,
     not again in the backward's recompute (transformers < 5.2x checkpointed around ``__call__``, so they ran
     twice, and FSDP2 on torch < 2.13 left the recompute's inputs uncast: strategies.base.own_block_forwards)."""
-    from vlrft.strategies.base import transformer_blocks
+    from vlrft.strategies.blocks import transformer_blocks
 
     grads = []
     for checkpointing in (False, True):

@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         code = exc.exit_code if isinstance(exc, KnownError) else 2
     if "torch.distributed" not in sys.modules:  # nothing imported torch, so no process group to end
         return code
-    from vlrft.strategies.base import finish_process
+    from vlrft.strategies.process import finish_process
 
     return finish_process(code)
 

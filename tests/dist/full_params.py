@@ -19,7 +19,7 @@ import vlrft.models  # noqa: F401
 from data_pipelines.collate import collate_sequences, encode_prompt, model_inputs
 from data_pipelines.records import PromptRecord
 from vlrft.strategies import OptimConfig, StrategyConfig, finish_process, make_strategy
-from vlrft.strategies.base import _hf_name
+from vlrft.strategies.weight_stream import hf_name as _hf_name
 
 
 def main() -> None:

@@ -15,7 +15,11 @@ from typing import Any, Callable, Iterator
 import torch
 
 from vlrft.errors import KnownError
-from vlrft.strategies.base import Strategy, make_optimizer, make_scheduler, params_by_unit, transformer_blocks
+from vlrft.strategies.base import Strategy
+from vlrft.strategies.blocks import transformer_blocks
+from vlrft.strategies.optim import make_optimizer, make_scheduler
+from vlrft.strategies.registry import register_strategy
+from vlrft.strategies.weight_stream import params_by_unit
 
 # A build of one of DeepSpeed's ops (the CPU shared-memory communicator, minutes at most on 2 cores) holds
 # ``<extensions>/<op>/lock`` while it compiles; a build killed mid-way leaves it, and every later build of that
@@ -44,7 +48,10 @@ def check_build_locks(root: str | Path | None = None) -> None:
             )
 
 
+@register_strategy("deepspeed")
 class DeepSpeedStrategy(Strategy):
+    wraps_in_deepspeed = True
+
     def __init__(self, cfg, optim=None):
         import deepspeed
 

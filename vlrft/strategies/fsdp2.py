@@ -20,7 +20,10 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from vlrft.strategies.base import Strategy, params_by_unit, transformer_blocks
+from vlrft.strategies.base import Strategy
+from vlrft.strategies.blocks import transformer_blocks
+from vlrft.strategies.registry import register_strategy
+from vlrft.strategies.weight_stream import params_by_unit
 
 # torch >= 2.13 warns, on every run, when an FSDP2-wrapped module returns a view: an in-place op on that view
 # would drop the pre-backward hook (no all-gather for the backward). A Qwen-VL's output (transformers 5.2x) carries
@@ -30,6 +33,7 @@ from vlrft.strategies.base import Strategy, params_by_unit, transformer_blocks
 _VIEW_WARNING = r"FSDP2-wrapped module \(.*\) returned a view tensor"
 
 
+@register_strategy("fsdp2")
 class FSDP2Strategy(Strategy):
     @property
     def shards_parameters(self) -> bool:

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from vlrft.strategies.base import Strategy
+from vlrft.strategies.registry import DEFAULT_STRATEGY, register_strategy
 
 
 class Autocast(torch.nn.Module):
@@ -23,6 +24,7 @@ class Autocast(torch.nn.Module):
             return self.module(*args, **kwargs)
 
 
+@register_strategy(DEFAULT_STRATEGY)  # a config that names no strategy trains in one process
 class SingleStrategy(Strategy):
     def prepare(self, model: torch.nn.Module, total_steps: int = 1, trainable: bool = True):
         model = self._prepared(model, trainable)
