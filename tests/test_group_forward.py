@@ -12,14 +12,10 @@ from tolerance import assert_within
 from data_pipelines.collate import collate_sequences, encode_prompt
 from data_pipelines.records import PromptRecord
 from reward_models.scalar import ScalarRewardModel
-from vlrft.models.group_forward import (
-    VARLEN_SDPA,
-    _explicit_scores,
-    pack_groups,
-    sample_images,
-    shared_forward_applies,
-)
+from vlrft.models.attention_functions import VARLEN_SDPA
 from vlrft.models.loading import load_model, load_processor
+from vlrft.models.packed_attention import _explicit_scores
+from vlrft.models.packing import pack_groups, sample_images, shared_forward_applies
 from vlrft.rollout import SamplingParams, make_engine
 from vlrft.trainer.experience import Experience, infer_response_logprobs, response_logprobs, response_tensors
 
@@ -278,7 +274,8 @@ def test_shared_prefix_decode_attention_equals_attention_over_the_expanded_cache
     """The decode attention over a SharedPrefixLayer (each prompt's keys once for its n samples) against a float64
     softmax over the expanded cache (every sample's prompt copy followed by its own keys), with left padding in the
     prompts, grouped KV heads and two new tokens per step (causal among them)."""
-    from vlrft.models.group_forward import SharedPrefixLayer, packed_sdpa
+    from vlrft.models.packed_attention import packed_sdpa
+    from vlrft.models.prefix_decoding import SharedPrefixLayer
 
     g = torch.Generator().manual_seed(0)
     prompts, n, kv_heads, heads, plen, dim, q = 2, 3, 2, 4, 5, 8, 2
@@ -332,7 +329,7 @@ def test_grouped_decode_attention_equals_attention_over_the_repeated_cache(dtype
     takes this path for such a step and gives what transformers' SDPA attention gives."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    from vlrft.models.group_forward import grouped_decode_attention, packed_sdpa
+    from vlrft.models.packed_attention import grouped_decode_attention, packed_sdpa
 
     g = torch.Generator().manual_seed(1)
     batch, kv_heads, groups, length, dim = 3, 2, 4, 7, 8
@@ -374,7 +371,7 @@ def test_varlen_vision_attention_equals_float64_per_sequence_gradients_included(
     """``varlen_sdpa`` (a vision tower's packed sequences, those of one length in one SDPA call) against a float64
     softmax over each sequence alone, outputs and the gradients of query, key and value: sequences of one length
     (reshaped, no gather), and of several lengths with an empty one (Qwen2.5-VL's window bounds can repeat)."""
-    from vlrft.models.group_forward import varlen_sdpa
+    from vlrft.models.vision_attention import varlen_sdpa
 
     g = torch.Generator().manual_seed(2)
     heads, total, dim = 2, bounds[-1], 8
@@ -457,7 +454,7 @@ def test_packed_responses_explicit_attention_equals_float64_gradients_included(o
     ``onednn``: the products over the prompt by ``cpu_matmul.onednn_matmul`` (``strategy.cpu_matmul``), its size
     threshold lowered so that these small products take it."""
     from vlrft.models import cpu_matmul
-    from vlrft.models.group_forward import _prefix_attention
+    from vlrft.models.prefix_decoding import prefix_attention as _prefix_attention
 
     if onednn:
         if not cpu_matmul.onednn_available():
@@ -485,8 +482,9 @@ def test_packed_responses_explicit_attention_equals_float64_gradients_included(o
         scores = (q @ full_k.transpose(-1, -2) * dim**-0.5).masked_fill(~ok, float("-inf"))
         return (scores.softmax(-1) @ full_v).transpose(1, 2)
 
+    matmul = cpu_matmul.onednn_matmul if onednn else torch.matmul
     got, got_grads = run(
-        torch.float32, lambda q, k, v, pk, pv: _prefix_attention(q, k, v, pk, pv, None, dim**-0.5, onednn=onednn)[0]
+        torch.float32, lambda q, k, v, pk, pv: _prefix_attention(q, k, v, pk, pv, None, dim**-0.5, matmul=matmul)[0]
     )
     want, want_grads = run(torch.float64, reference)
     # float32 products and sums of 5 + 4 terms of O(1) values, a few ulps (1e-7) each, and the gradients' sums of

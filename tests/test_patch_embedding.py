@@ -8,8 +8,8 @@ import pytest
 import torch
 from tolerance import assert_within
 
-from vlrft.models.group_forward import _patch_embedding_forward, patch_product, use_linear_patch_embedding
 from vlrft.models.loading import load_model
+from vlrft.models.patch_embedding import _patch_embedding_forward, patch_product, use_linear_patch_embedding
 
 U = 2.0**-24  # float32's unit roundoff
 

@@ -9,6 +9,12 @@ core (``scripts/bench_grpo_step.py`` measures both; docs/benchmarks.md). :func:`
 the bias gradient is a sum. Same products, same float32 inputs and outputs; the sums are ordered differently, so
 results differ from MKL's within float32 rounding (``tests/test_cpu_matmul.py`` bounds both against float64).
 
+This module is the whole oneDNN path, behind one switch: the strategy reads ``strategy.cpu_matmul``
+(``strategies.config``, :func:`wants_onednn`) and applies :func:`use_onednn_linears` to the models it prepares
+(``strategies.adapt.adapt_for_device``). The model code it reaches does not name oneDNN: it calls the product hooks
+this module sets on the modules (``prompt_matmul`` on the attention, ``patch_linear`` on the patch embedding), and an
+inference copy computes as its policy through the hook its layers carry (``OneDNNLinear.prepare_copy``).
+
 Only float32 CPU tensors outside autocast and outside ``torch.compile`` take it; anything else (CUDA, bf16 autocast,
 a compiled block, a DTensor) goes through ``F.linear`` as before.
 """
@@ -137,7 +143,7 @@ class _OneDNNMatmul(torch.autograd.Function):
 def onednn_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``a @ b`` (``a`` ``[..., m, k]``, ``b`` ``[..., k, n]``, the same batch shape) with its products, forward and
     backward, by oneDNN: one call per batch element, for batches of large products (the attention of a group's
-    responses over their shared prompt: ``group_forward._prefix_attention``; MKL's batched sgemm runs them at 87
+    responses over their shared prompt: ``prefix_decoding.prefix_attention``; MKL's batched sgemm runs them at 87
     GFLOP/s on the AMD EPYC of docs/benchmarks.md). ``torch.matmul`` itself where :func:`_takes_onednn` does not
     allow it, for other shapes, and for products of fewer than :data:`MATMUL_MIN_MACS` multiply-adds."""
     if (
@@ -164,6 +170,12 @@ class OneDNNLinear(nn.Linear):
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         return onednn_linear(input, self.weight, self.bias)
 
+    @staticmethod
+    def prepare_copy(model: nn.Module) -> None:
+        """Make ``model``, a copy of the model this layer is in, compute as that model does (the hook a module of a
+        policy carries for its inference copy: ``rollout.inference_copy.load_inference_copy``)."""
+        use_onednn_linears(model)
+
 
 def uses_onednn(model: nn.Module) -> bool:
     """Whether ``model``'s linear layers compute by oneDNN (:func:`use_onednn_linears` swapped them)."""
@@ -173,15 +185,18 @@ def uses_onednn(model: nn.Module) -> bool:
 def use_onednn_linears(model: nn.Module) -> int:
     """Route each plain ``nn.Linear`` of ``model`` through oneDNN (:class:`OneDNNLinear`); returns how many. Layers of
     other classes (peft's LoRA wrappers, whose inner ``nn.Linear`` layers are swapped) are left alone. A vision
-    tower's patch embedding, a ``Conv3d`` computed as the linear product it is (``group_forward.patch_product``),
-    and the attention modules (those with ``is_causal``), whose responses attend to their shared prompt by
-    :func:`onednn_matmul` (``group_forward._prefix_attention``), compute those products by oneDNN too
-    (``onednn_product`` set on them)."""
+    tower's patch embedding, a ``Conv3d`` computed as the linear product it is (``patch_embedding.patch_product``),
+    and the attention modules (those with ``is_causal``), whose responses attend to their shared prompt
+    (``prefix_decoding.prefix_attention``), compute those products by oneDNN too: the convolution's ``patch_linear``
+    is :func:`onednn_linear`, the attention's ``prompt_matmul`` :func:`onednn_matmul` (the hooks the model code calls,
+    ``F.linear`` and ``torch.matmul`` where unset), and ``onednn_product`` marks both."""
     count = 0
     for module in model.modules():
         if type(module) is nn.Linear:
             module.__class__ = OneDNNLinear
             count += 1
-        elif isinstance(module, nn.Conv3d) or hasattr(module, "is_causal"):
-            module.onednn_product = True
+        elif isinstance(module, nn.Conv3d):
+            module.onednn_product, module.patch_linear = True, onednn_linear
+        elif hasattr(module, "is_causal"):
+            module.onednn_product, module.prompt_matmul = True, onednn_matmul
     return count

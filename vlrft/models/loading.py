@@ -35,7 +35,8 @@ from vlrft.archs import ARCHS
 from vlrft.config import ConfigError, option
 from vlrft.errors import ModelFolderError
 from vlrft.models import processing
-from vlrft.models.group_forward import use_linear_patch_embedding, use_varlen_vision_attention
+from vlrft.models.attention_functions import use_varlen_vision_attention
+from vlrft.models.patch_embedding import use_linear_patch_embedding
 
 
 def _offline() -> bool:

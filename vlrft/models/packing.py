@@ -1,0 +1,255 @@
+"""Group-shared forward: each prompt (text, image tokens, vision tower) computed once per group.
+
+GRPO-family training samples n responses per prompt, and for vision-language prompts the prompt is
+most of each sequence. Instead of n right-padded rows ``[prompt | r_i | pad]`` (the prompt and its
+images computed n times), the samples of one prompt in a micro-batch become ONE packed row
+
+    [prompt | r_1 | r_2 | ... | r_k]
+
+with a block attention mask (every response token sees the whole prompt and its own response's past,
+never another response) and per-response positions equal to those the response has in its unshared
+sequence: the prompt's positions are Qwen-VL's own multimodal-rope (m-rope) positions from the
+model's ``get_rope_index`` (image tokens get 3-D temporal/height/width positions), and each response's
+text positions continue from the prompt's largest position + 1, as ``get_rope_index`` gives trailing
+text. The result is exact (the same per-token log-probs, entropies, values and gradients as the
+unshared path up to float rounding: tests/test_group_forward.py), the vision tower runs once per unique
+prompt and no per-response padding is computed (rows of one micro-batch are padded to the longest row).
+
+Memory stays bounded for large groups because a packed row holds only the samples of one micro-batch:
+a group of 32 with ``micro_train_batch_size`` 8 is four rows in four micro-batches, each recomputing
+the prompt (the prompt is paid once per chunk rather than once per sample).
+
+Attention over the packed rows: ``vlrft.models.packed_attention`` (the layout built here, :func:`_packed_layout`,
+tells it which pairs to compute); the text layers are switched to it the first time a model is packed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from vlrft.models.attention_functions import PACKED_SDPA, attention_kind, use_packed_attention
+from vlrft.models.packed_attention import PackedBlock, PackedLayout, PackedRow
+
+
+@dataclass
+class PackedGroups:
+    """A micro-batch laid out as one packed row per unique prompt."""
+
+    inputs: dict[str, torch.Tensor]  # model kwargs: input_ids, attention_mask (4-D), position_ids, images
+    row: torch.Tensor  # [N] the packed row of each sample
+    predict_at: torch.Tensor  # [N, R] position (in the row) whose output predicts response token j
+    first: int  # the smallest position any sample reads: outputs before it are not needed
+
+
+def sample_images(batch: dict[str, torch.Tensor], idx: list[int]) -> dict[str, torch.Tensor]:
+    """``pixel_values`` / ``image_grid_thw`` / ``images_per_sample`` of samples ``idx`` of a collated batch
+    (images are stored per sample, in sample order); {} when none of them has an image."""
+    if "pixel_values" not in batch:
+        return {}
+    grid, per_sample = batch["image_grid_thw"], batch["images_per_sample"].tolist()
+    patch_counts = grid.prod(-1).tolist()
+    img_start = [0]
+    for c in per_sample:
+        img_start.append(img_start[-1] + c)
+    patch_start = [0]
+    for c in patch_counts:
+        patch_start.append(patch_start[-1] + c)
+    rows, grids = [], []
+    for i in idx:
+        a, b = img_start[i], img_start[i + 1]
+        if b > a:
+            rows.append(batch["pixel_values"][patch_start[a] : patch_start[b]])
+            grids.append(grid[a:b])
+    if not rows:
+        return {}
+    return {
+        "pixel_values": torch.cat(rows),
+        "image_grid_thw": torch.cat(grids),
+        "images_per_sample": batch["images_per_sample"][idx],
+    }
+
+
+def _rope_owner(model: torch.nn.Module) -> Any:
+    """The submodule with Qwen-VL's ``get_rope_index`` (through DeepSpeed/peft wrappers), or None (text Qwen)."""
+    for module in model.modules():
+        if hasattr(module, "get_rope_index"):
+            return module
+    return None
+
+
+# attention implementations that take an arbitrary 4-D mask (flash-attention 2 does not: plain rows there)
+BLOCK_MASK_ATTENTION = ("sdpa", "eager", PACKED_SDPA)
+
+
+def shared_forward_applies(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> bool:
+    """The batch says which samples share a prompt, the model's attention takes the block mask, and no response
+    holds images of its own. Multi-turn responses with text observations pack as any response does (their tokens
+    continue the prompt's positions one by one); images that tools returned inside a response would need their
+    own m-rope positions and vision features in the packed row, which this packing does not lay out, so such
+    batches take the plain path."""
+    if "prompt_index" not in batch or attention_kind(model) not in BLOCK_MASK_ATTENTION:
+        return False
+    return "response_images" not in batch or not bool(batch["response_images"].any())
+
+
+def _prompt_positions(owner: Any, ids: torch.Tensor, types: torch.Tensor | None, grid: torch.Tensor | None):
+    """The prompt's m-rope positions ``[3, L]`` (1-D text positions repeated where it has no image)."""
+    if owner is None or grid is None or types is None:
+        return torch.arange(ids.numel()).expand(3, -1)
+    pos, _ = owner.get_rope_index(ids[None], mm_token_type_ids=types[None], image_grid_thw=grid)
+    return pos[:, 0].cpu()
+
+
+def pack_groups(
+    model: torch.nn.Module, batch: dict[str, torch.Tensor], width: int, device: torch.device
+) -> PackedGroups:
+    """The packed rows of a collated micro-batch (``data_pipelines.collate.collate_sequences`` with its
+    ``prompt_index``): the samples of one prompt, in batch order, share one row. ``width``: response
+    positions to read per sample."""
+    prompt_index = batch["prompt_index"].tolist()
+    prompt_len = batch["prompt_lengths"].tolist()
+    resp_len = batch["response_lengths"].tolist()
+    n = len(prompt_index)
+    r = width
+    owner = _rope_owner(model)
+    vl = owner is not None
+    members: dict[int, list[int]] = {}
+    for i, p in enumerate(prompt_index):
+        members.setdefault(p, []).append(i)
+
+    rows_ids, rows_pos, rows_seg, images, spans = [], [], [], [], []
+    row_of = torch.zeros(n, dtype=torch.long)
+    predict_at = torch.zeros((n, r), dtype=torch.long)
+    for b, (_, samples) in enumerate(members.items()):
+        s0 = samples[0]
+        lp = prompt_len[s0]
+        ids = [batch["input_ids"][s0, :lp]]
+        types = batch["mm_token_type_ids"][s0, :lp] if "mm_token_type_ids" in batch else None
+        img = sample_images(batch, [s0])
+        images.append(img)
+        ppos = _prompt_positions(owner if vl else None, ids[0], types, img.get("image_grid_thw"))
+        start = int(ppos.max()) + 1 if lp else 0
+        pos, seg = [ppos], [torch.zeros(lp, dtype=torch.long)]
+        offset = lp
+        for k, i in enumerate(samples, start=1):
+            li = resp_len[i]
+            ids.append(batch["input_ids"][i, lp : lp + li])
+            pos.append((start + torch.arange(li)).expand(3, -1))
+            seg.append(torch.full((li,), k, dtype=torch.long))
+            row_of[i] = b
+            # token 0 is predicted by the prompt's last position, token j > 0 by the response's token j - 1
+            # positions past the response's end repeat its last one (junk, masked); an empty response reads the
+            # prompt's last position; a micro-batch of empty responses (r = 0) reads none
+            at = torch.cat([torch.tensor([lp - 1]), offset + torch.arange(max(r - 1, 0))])[:r]
+            predict_at[i] = at.clamp(max=offset + li - 1 if li else lp - 1)
+            offset += li
+        rows_ids.append(torch.cat(ids))
+        rows_pos.append(torch.cat(pos, dim=1))
+        rows_seg.append(torch.cat(seg))
+        spans.append((lp, [resp_len[i] for i in samples]))
+
+    row_width = max(x.numel() for x in rows_ids)
+    nrows = len(rows_ids)
+    input_ids = torch.zeros((nrows, row_width), dtype=torch.long)
+    position_ids = torch.zeros((3, nrows, row_width), dtype=torch.long)
+    seg = torch.full((nrows, row_width), -1, dtype=torch.long)  # -1: padding
+    for b in range(nrows):
+        w = rows_ids[b].numel()
+        input_ids[b, :w] = rows_ids[b]
+        position_ids[:, b, :w] = rows_pos[b]
+        seg[b, :w] = rows_seg[b]
+    q = torch.arange(row_width)
+    causal = q[None, :] <= q[:, None]  # [query, key]
+    same = (seg[:, None, :] == 0) | (seg[:, None, :] == seg[:, :, None])  # key is prompt, or same response
+    allowed = causal[None] & same & (seg[:, None, :] >= 0)
+    allowed |= torch.eye(row_width, dtype=torch.bool)[None] & (seg[:, :, None] < 0)  # padding sees itself only
+    mask = allowed[:, None]  # [rows, 1, query, key]
+    if attention_kind(model) == "eager":
+        dtype = next(model.parameters()).dtype
+        mask = torch.zeros(mask.shape, dtype=dtype).masked_fill(~mask, torch.finfo(dtype).min)
+    inputs = {
+        "input_ids": input_ids.to(device),
+        "attention_mask": mask.to(device),
+        "position_ids": (position_ids if vl else position_ids[0]).to(device),
+    }
+    if use_packed_attention(model):  # SDPA models; eager attention reads the dense mask above
+        inputs["vlrft_packed"] = _packed_layout(spans, row_width, device)
+    with_images = [x for x in images if x]
+    if with_images:
+        inputs["pixel_values"] = torch.cat([x["pixel_values"] for x in with_images]).to(device)
+        inputs["image_grid_thw"] = torch.cat([x["image_grid_thw"] for x in with_images]).to(device)
+    first = int(predict_at.min()) if predict_at.numel() else 0
+    return PackedGroups(inputs, row_of, predict_at, first)
+
+
+def _packed_layout(spans: list[tuple[int, list[int]]], width: int, device: torch.device) -> PackedLayout:
+    """The layout of rows ``[prompt | r_1 | ... | r_K]`` (one per ``(prompt, response lengths)`` of ``spans``),
+    padded to ``width``, for ``packed_sdpa``: rows of the same prompt length, K and longest response form one block."""
+    shapes: dict[tuple[int, int, int], list[int]] = {}
+    for b, (prompt, lengths) in enumerate(spans):
+        shapes.setdefault((prompt, len(lengths), max(lengths, default=0)), []).append(b)
+    blocks = []
+    for (prompt, n, longest), members in shapes.items():
+        rows = torch.tensor(members)
+        prompt_at = (rows[:, None] * width + torch.arange(prompt)).flatten().to(device)
+        if not n:
+            blocks.append(PackedBlock(rows.to(device), prompt, prompt_at, 0, None, None, None, None))
+            continue
+        length = max(longest, 1)
+        j = torch.arange(length)
+        gathers, valids, dests = [], [], []
+        for g, b in enumerate(members):
+            lengths = spans[b][1]
+            total = prompt + sum(lengths)
+            starts = prompt + torch.tensor([0] + lengths[:-1]).cumsum(0)
+            lens = torch.tensor(lengths)
+            # response k's token j, or (padding) its last real token; an empty response reads position 0
+            at = (starts[:, None] + torch.minimum(j[None], (lens[:, None] - 1).clamp(min=0))).clamp(
+                max=max(total - 1, 0)
+            )
+            real = (j[None] < lens[:, None]).flatten().nonzero().squeeze(1)
+            gathers.append(at.flatten())
+            valids.append(g * n * length + real)
+            dests.append(b * width + at.flatten()[real])
+        gather = torch.stack([rows.repeat_interleave(n * length), torch.cat(gathers)])
+        causal = j[None, :] <= j[:, None]
+        mask = torch.cat([torch.ones(length, prompt, dtype=torch.bool), causal], dim=1)[None, None]
+        blocks.append(
+            PackedBlock(
+                rows.to(device),
+                prompt,
+                prompt_at,
+                n,
+                gather.to(device),
+                torch.cat(valids).to(device),
+                torch.cat(dests).to(device),
+                mask.to(device),
+            )
+        )
+    rows = [PackedRow(prompt, prompt + sum(lengths)) for prompt, lengths in spans]
+    return PackedLayout(rows, width, blocks)
+
+
+def shared_prompt_logits(
+    model: torch.nn.Module, batch: dict[str, torch.Tensor], width: int, device: torch.device
+) -> torch.Tensor:
+    """The logits ``[N, R, V]`` that predict each sample's response tokens, from one packed row per prompt
+    (only the logits from the first response-predicting position on are computed)."""
+    packed = pack_groups(model, batch, width, device)
+    keep = packed.inputs["input_ids"].shape[1] - packed.first
+    out = model(**packed.inputs, logits_to_keep=keep, use_cache=False)
+    row, at = packed.row.to(device), (packed.predict_at - packed.first).to(device)
+    return out.logits[row[:, None], at]
+
+
+def shared_prompt_values(
+    critic: torch.nn.Module, batch: dict[str, torch.Tensor], width: int, device: torch.device
+) -> torch.Tensor:
+    """A critic's per-token values ``[N, R]`` of the states before each response token (value j: the state
+    that predicts token j), from one packed row per prompt."""
+    packed = pack_groups(critic, batch, width, device)
+    values = critic(**packed.inputs, per_token=True)  # [rows, width]
+    return values[packed.row.to(device)[:, None], packed.predict_at.to(device)]

@@ -1,0 +1,127 @@
+"""Attention over a prompt held once for its n samples: the KV cache that decoding shares (the ``hf`` engine's
+``prefill_once``), and the attention over such a prompt followed by each sample's own keys, which decoding and the
+packed training forward's short responses (``packed_attention._explicit_scores``) both compute.
+
+While n samples of each prompt decode, the prompt's keys and values are held once per prompt
+(:class:`SharedPrefixLayer`, made from a prefilled cache by :func:`share_prompt_cache`) and read once per prompt at
+each step (:func:`prefix_attention`, reached through the text attention ``packed_sdpa``), instead of n copies that a
+dynamic cache concatenates at every step.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+from transformers.cache_utils import DynamicLayer
+
+
+class SharedPrefixLayer(DynamicLayer):
+    """One decoder layer's KV cache while ``n`` samples of each prompt decode: the prompt's keys and values once per
+    prompt (``[prompts, kv_heads, P, dim]``, left padding masked by ``prompt_mask`` ``[prompts, P]``), each sample's
+    own in a buffer allocated once (``room`` tokens, doubled if exceeded) and filled in place, so a decode step
+    neither copies the cache (a dynamic cache concatenates it at every step) nor reads each prompt n times (the
+    expanded cache of ``batch_repeat_interleave`` does). ``update`` returns the samples' own keys and values, which
+    carry this layer as ``vlrft_prefix`` for ``packed_sdpa``; the sequence length it reports counts the prompt."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, prompt_mask: torch.Tensor, n: int, room: int):
+        super().__init__()
+        # the prompt's keys in float32, the attention's precision, once (not cast again at every decode step); a
+        # float32 model's are not copied, a bf16 model's take twice their bytes, once per prompt instead of n times
+        self.prefix_keys, self.prefix_values = keys.float(), values.float()
+        self.prompt_mask, self.n = prompt_mask.bool(), n
+        prompts, heads, _, dim = keys.shape
+        self.own_keys = keys.new_empty(prompts * n, heads, max(room, 1), dim)  # the model's dtype
+        self.own_values = values.new_empty(prompts * n, heads, max(room, 1), values.shape[-1])
+        self.filled = 0
+        self.device, self.is_initialized = keys.device, True
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        end = self.filled + key_states.shape[-2]
+        if end > self.own_keys.shape[-2]:  # more tokens than planned: double the room
+            grow = lambda x: torch.cat([x, torch.empty_like(x)], dim=-2)  # noqa: E731
+            self.own_keys, self.own_values = grow(self.own_keys), grow(self.own_values)
+        self.own_keys[:, :, self.filled : end] = key_states
+        self.own_values[:, :, self.filled : end] = value_states
+        self.filled = end
+        self.keys, self.values = self.own_keys[:, :, :end], self.own_values[:, :, :end]
+        keys = self.own_keys[:, :, :end]  # a view of its own: the layer does not hold it (no reference cycle)
+        keys.vlrft_prefix = self
+        return keys, self.values
+
+    def get_seq_length(self) -> int:
+        return self.prefix_keys.shape[-2] + self.filled
+
+    def get_mask_sizes(self, query_length: Any) -> tuple[int, int]:
+        q = query_length if isinstance(query_length, int) else int(query_length.shape[0])  # 5.17: cache_position
+        return self.get_seq_length() + q, 0
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        raise NotImplementedError("SharedPrefixLayer: the samples per prompt are fixed when it is made")
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        raise NotImplementedError("SharedPrefixLayer: sampling only (no beam search, no contrastive search)")
+
+    reorder_cache = batch_select_indices
+
+
+def share_prompt_cache(cache: Any, prompt_mask: torch.Tensor, n: int, room: int) -> Any:
+    """A prefilled dynamic ``cache`` of one row per prompt (``prompt_mask`` ``[prompts, P]``: its real positions)
+    made the cache of ``n`` samples per prompt, each with ``room`` tokens to decode, in place: every layer becomes a
+    :class:`SharedPrefixLayer` (the model's text attention must be ``packed_sdpa``:
+    ``attention_functions.use_packed_attention`` says whether it is; any other attention would read the samples' own
+    keys only)."""
+    cache.layers = [SharedPrefixLayer(x.keys, x.values, prompt_mask, n, room) for x in cache.layers]
+    return cache
+
+
+def prefix_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    prefix_keys: torch.Tensor,
+    prefix_values: torch.Tensor,
+    prompt_mask: torch.Tensor | None,
+    scale: float,
+    matmul: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = torch.matmul,
+) -> tuple[torch.Tensor, None]:
+    """Attention of ``query`` ``[prompts * n, heads, q, dim]`` (n samples per prompt, in prompt order) over its
+    prompt's ``prefix_keys`` / ``prefix_values`` ``[prompts, kv_heads, P, dim]`` (shared: one matrix product per
+    prompt and KV head for all its samples' queries; ``prompt_mask`` ``[prompts, P]`` its real positions, None: all)
+    followed by its own ``key`` / ``value`` ``[prompts * n, kv_heads, t, dim]`` (the last ``q`` of them the queries'
+    own, causal): one softmax over both, in float32 (a bf16 model's queries and keys are cast), the output in the
+    query's dtype. The same keys and weights as SDPA over every sample's copy of its prompt followed by its own keys.
+    Decoding reads a :class:`SharedPrefixLayer`'s prompt (``q`` new tokens); the packed training forward a block's
+    responses (``q == t``, the whole response). ``matmul``: what computes the two products over the prompt (one per
+    prompt and KV head for all its samples' queries, large in training; the attention module's ``prompt_matmul``
+    where the strategy set one); the samples' own, a small product each, stay batched ``torch.matmul``. Returns
+    ``[B, q, heads, dim]``."""
+    pk, pv = prefix_keys, prefix_values
+    n = query.shape[0] // pk.shape[0]
+    prompts, kv_heads, plen, _ = pk.shape
+    batch, heads, q, dim = query.shape
+    g, t = heads // kv_heads, key.shape[-2]
+    qf = query.float().reshape(prompts, n, kv_heads, g * q, dim)
+    # the prompt's scores: [prompts, kv_heads, n * g * q, P], all samples of a prompt in one product
+    sp = matmul(qf.transpose(1, 2).reshape(prompts, kv_heads, n * g * q, dim), pk.float().transpose(-1, -2))
+    if prompt_mask is not None:
+        sp = sp.masked_fill(~prompt_mask[:, None, None, :], float("-inf"))
+    sp = sp.view(prompts, kv_heads, n, g * q, plen).transpose(1, 2).reshape(batch, kv_heads, g * q, plen)
+    so = qf.reshape(batch, kv_heads, g * q, dim) @ key.float().transpose(-1, -2)  # [B, kv_heads, g * q, t]
+    if q > 1:  # query i (the q new tokens are the last q keys) sees its own keys up to t - q + i
+        allowed = torch.arange(t, device=key.device)[None] <= torch.arange(t - q, t, device=key.device)[:, None]
+        so = so.view(batch, kv_heads, g, q, t).masked_fill(~allowed, float("-inf")).view(batch, kv_heads, g * q, t)
+    w = torch.softmax(torch.cat([sp, so], dim=-1) * scale, dim=-1)
+    wp, wo = w[..., :plen], w[..., plen:]
+    out = wo @ value.float()  # [B, kv_heads, g * q, dim]
+    wp = wp.view(prompts, n, kv_heads, g * q, plen).transpose(1, 2).reshape(prompts, kv_heads, n * g * q, plen)
+    op = (
+        matmul(wp, pv.float())
+        .view(prompts, kv_heads, n, g * q, dim)
+        .transpose(1, 2)
+        .reshape(batch, kv_heads, g * q, dim)
+    )
+    out = (out + op).view(batch, heads, q, dim).transpose(1, 2).contiguous()
+    return out.to(query.dtype), None
