@@ -12,6 +12,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from reward_models.diagnostics import answer_spread
+from vlrft.rollout.trajectories import tool_summary
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -66,30 +67,6 @@ def bootstrap_ci(
     alpha = (1.0 - confidence) / 2
     lo, hi = np.quantile(means, [alpha, 1.0 - alpha])
     return (float(lo), float(hi))
-
-
-def tool_summary(responses: Sequence[dict[str, Any]]) -> dict[str, float]:
-    """Tool use over responses with turns (samples.jsonl rows of ``vlrft eval``, and each step of train-policy):
-    turns and calls per response, the share that called a tool, failed calls per response, per tool and per
-    failure, the share cut by the token budget or by the turn limit, and images returned per response."""
-    n = len(responses)
-    calls: Counter = Counter()
-    errors: Counter = Counter()
-    for r in responses:
-        calls.update(r.get("tool_calls", {}))
-        errors.update(r.get("tool_errors", {}))
-    out = {
-        "tools/turns": sum(len(r.get("turns", [])) for r in responses) / n,
-        "tools/calls": sum(calls.values()) / n,
-        "tools/call_rate": sum(bool(r.get("tool_calls") or r.get("tool_errors")) for r in responses) / n,
-        "tools/errors": sum(errors.values()) / n,
-        "tools/cut_by_budget": sum(r.get("finish_reason") == "budget" for r in responses) / n,
-        "tools/max_turns": sum(r.get("finish_reason") == "max_turns" for r in responses) / n,
-        "tools/images": sum(o["images"] for r in responses for t in r.get("turns", []) for o in t["observations"]) / n,
-    }
-    out.update({f"tools/calls/{k}": v / n for k, v in sorted(calls.items())})
-    out.update({f"tools/errors/{k}": v / n for k, v in sorted(errors.items())})
-    return out
 
 
 def summarize(problems: Sequence[dict[str, Any]], *, seed: int = 0) -> dict[str, Any]:

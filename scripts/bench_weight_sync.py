@@ -29,7 +29,7 @@ import torch  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from vlrft.models.loading import load_model  # noqa: E402
 from vlrft.models.tiny import make_tiny_model  # noqa: E402
-from vlrft.rollout import HFEngineConfig, make_engine  # noqa: E402
+from vlrft.rollout import HFEngineConfig, RolloutConfig, make_engine  # noqa: E402
 from vlrft.strategies import OptimConfig, StrategyConfig, finish_process, make_strategy  # noqa: E402
 
 
@@ -66,7 +66,7 @@ def main() -> None:
     model, processor = load_model(str(model_dir), "float32")
     strategy.prepare(model, total_steps=1)
     hf = HFEngineConfig(inference_copy="on", dtype=a.copy_dtype)
-    engine = make_engine("hf", strategy.unwrap(), processor, synced=strategy.shards_parameters, hf=hf)
+    engine = make_engine(RolloutConfig(hf=hf), strategy.unwrap(), processor, synced=strategy.shards_parameters)
     dtype = engine.weight_dtype
     sides = {
         "by unit (vlrft)": lambda: strategy.full_params(dtype=dtype),

@@ -231,6 +231,7 @@ class Probe:
     def install(self, save: bool) -> None:
         from reward_models.pool import RewardPool
         from vlrft.rollout.hf_engine import HFRolloutEngine
+        from vlrft.rollout.inference_copy import InferenceCopyEngine
         from vlrft.strategies.base import Strategy
         from vlrft.trainer.policy_trainer import PolicyTrainer
 
@@ -305,9 +306,11 @@ class Probe:
 
         self.wrap(PolicyTrainer, "train_on", "update", after=after_update)
         self.wrap(PolicyTrainer, "_sync_engine", "weight_sync")
-        # the engine's sleep (before the update, outside the trainer's phases) and wake (the start of weight_sync)
-        self.wrap(HFRolloutEngine, "sleep", "engine_sleep")
-        self.wrap(HFRolloutEngine, "wake", "engine_wake")
+        # the engine's sleep (before the update, outside the trainer's phases) and wake (the start of weight_sync),
+        # on the module or on its inference copy (each class's own methods: neither calls the other's)
+        for engine_class in (HFRolloutEngine, InferenceCopyEngine):
+            self.wrap(engine_class, "sleep", "engine_sleep")
+            self.wrap(engine_class, "wake", "engine_wake")
 
         # CUDA graphs recorded (torch.compile's cudagraph trees, a private API: counted where it exists): a recording
         # after the first step means the decode step's graph is recorded again, e.g. because its weights or its KV

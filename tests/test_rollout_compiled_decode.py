@@ -13,7 +13,8 @@ from data_pipelines.collate import encode_prompt
 from data_pipelines.records import PromptRecord
 from vlrft.models.loading import load_model
 from vlrft.rollout import HFEngineConfig, SamplingParams, make_engine
-from vlrft.rollout.hf_engine import STATIC_CACHE_BUCKET, _StaticCaches
+from vlrft.rollout.static_cache import STATIC_CACHE_BUCKET
+from vlrft.rollout.static_cache import StaticCaches as _StaticCaches
 
 COMPILED = HFEngineConfig(inference_copy="on", compile="on")
 
@@ -133,7 +134,7 @@ def test_a_static_cache_decode_step_traces_as_one_graph(tiny_model, arch):
     third H200 run found it broken at every layer's attention (the attention function compiler-disabled whole)."""
     from torch._dynamo.utils import counters
 
-    from vlrft.models.group_forward import use_packed_attention
+    from vlrft.models.attention_functions import use_packed_attention
 
     model, proc = load_model(tiny_model(arch))
     model.eval()

@@ -156,7 +156,7 @@ def test_the_host_buffers_of_sleep_level_1_hold_every_weight_once_and_are_reused
     alignment matters, and buffers of 64 KiB so the copy spans many (the embedding, 256 KiB, gets one of its own).
     Offload points every weight into the buffers, restore gives each its own memory again, bit for bit, and a later
     offload writes the weights' new values into the same buffers."""
-    from vlrft.rollout.hf_engine import _HostCopy
+    from vlrft.rollout.inference_copy import HostCopy as _HostCopy
 
     monkeypatch.setattr(_HostCopy, "CHUNK", 1 << 16)
     model, _ = load_model(tiny_model("qwen2_5_vl"), "float32")
@@ -198,7 +198,7 @@ def test_host_layout_packs_weights_into_power_of_two_buffers():
     does not fit its rest and starts the second, 300 is larger than a buffer and gets one of 512, which the last
     byte shares. torch rounds each page-locked allocation up to a power of two: 256 + 256 + 512 bytes, against 1024
     for one buffer of the 704 used (and 2**31 against 2**30 + 1 in general)."""
-    from vlrft.rollout.hf_engine import _host_layout
+    from vlrft.rollout.inference_copy import host_layout as _host_layout
 
     places, used = _host_layout([10, 100, 200, 300, 1], chunk=256, align=64)
     assert places == [(0, 0), (0, 64), (1, 0), (2, 0), (2, 320)] and used == [192, 256, 384]

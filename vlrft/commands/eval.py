@@ -60,9 +60,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--engine",
-        default="hf",
-        choices=["hf", "vllm"],
-        help="generation engine: hf (batched generate) or vllm (needs .venv-vllm; see docs/train-policy.md)",
+        default=None,
+        help="generation engine, a name rollout.engine takes: hf (batched generate; the default) or vllm (needs "
+        ".venv-vllm; see docs/train-policy.md); an unknown name is refused with the registered ones",
     )
     p.add_argument(
         "--tools",
@@ -146,11 +146,14 @@ def run(args: argparse.Namespace) -> int:
     from data_pipelines.readers import filter_by_prompt_length
     from eval.benchmarks import get_benchmark
     from eval.runner import check_out_dir, evaluate, run_settings
-    from vlrft.models.cpu_matmul import use_onednn_linears, wants_onednn
     from vlrft.models.loading import load_model, load_processor, resolve_model_path
-    from vlrft.rollout import make_engine
+    from vlrft.rollout import DEFAULT_ENGINE, RolloutConfig, make_engine
+    from vlrft.rollout.registry import engine_entry
+    from vlrft.strategies import StrategyConfig, adapt_for_device
     from vlrft.trainer.preflight import check_model_folder
 
+    rollout = RolloutConfig.on_model(args.engine or DEFAULT_ENGINE, args.batch_size)
+    engine_entry(rollout.engine)  # an unknown engine: one line, before the model loads
     try:
         bench = get_benchmark(args.benchmark, verifier=args.verifier, prompt_template=args.prompt_template)
     except ValueError as exc:
@@ -200,10 +203,9 @@ def run(args: argparse.Namespace) -> int:
         tools_cfg = ToolsConfig(names=list(args.tools), max_turns=args.max_turns, max_tokens=args.max_trajectory_tokens)
         tools = ToolBox(tools_cfg, processor_image_kwargs(processor))  # tools that do not load stop here
     model, _ = load_model(path, args.dtype, device, processor=False)
-    if str(device) == "cpu" and wants_onednn(args.cpu_matmul):
-        use_onednn_linears(model)
+    adapt_for_device(model, StrategyConfig(cpu_matmul=args.cpu_matmul), device)  # as train-policy's model computes
     image_kwargs = {"max_pixels": args.max_pixels, "min_pixels": None} if args.max_pixels else None
-    engine = make_engine(args.engine, model, processor, micro_batch_size=args.batch_size)
+    engine = make_engine(rollout, model, processor)
     runs = {args.out: None}
     if tools is not None:  # with the tools, then with their answers withheld
         runs = {

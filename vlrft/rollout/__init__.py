@@ -1,68 +1,77 @@
 """Rollout engines: generate n samples per prompt on the current policy weights.
 
 The trainer talks to an engine only through :class:`RolloutEngine` (``generate``, ``update_weights``,
-``sleep``, ``wake``). ``hf`` (batched ``generate`` on the policy module, or on an inference copy of it with a
-static, compiled decode on CUDA) works everywhere, CPU included; ``vllm`` (vllm_engine.py) is a colocated vLLM
-engine with its own weights, synced after each update.
+``sleep``, ``wake``). Engines are registered by name (``registry``: ``@register_engine``), each with its section of
+:class:`RolloutConfig`: ``hf`` (hf.py: batched ``generate`` on the policy module, hf_engine.py, or on an inference
+copy of it, inference_copy.py, with a static, compiled decode on CUDA, static_cache.py) works everywhere, CPU
+included; ``vllm`` (vllm_engine.py) is a colocated vLLM engine with its own weights, synced after each update.
+A new engine is one module with its registered builder, plus its section in ``RolloutConfig`` (config.py).
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from vlrft.rollout.base import Rollout, RolloutEngine, SamplingParams, stack_rollout_logprobs
-from vlrft.rollout.hf_engine import HFEngineConfig, HFRolloutEngine
+from vlrft.rollout.config import RolloutConfig
+from vlrft.rollout.hf import HFEngineConfig
+from vlrft.rollout.hf_engine import HFRolloutEngine
+from vlrft.rollout.inference_copy import InferenceCopyEngine
+from vlrft.rollout.registry import DEFAULT_ENGINE, ENGINES, engine_entry, register_engine
 from vlrft.rollout.vllm_engine import VLLMConfig, VLLMRolloutEngine
 
 __all__ = [
+    "DEFAULT_ENGINE",
+    "ENGINES",
     "HFEngineConfig",
     "HFRolloutEngine",
+    "InferenceCopyEngine",
     "Rollout",
+    "RolloutConfig",
     "RolloutEngine",
     "SamplingParams",
     "VLLMConfig",
     "VLLMRolloutEngine",
     "make_engine",
+    "register_engine",
     "stack_rollout_logprobs",
 ]
 
 
 def make_engine(
-    name: str,
+    rollout: RolloutConfig | str,
     model: torch.nn.Module,
     processor,
     *,
     synced: bool = False,
-    micro_batch_size: int = 16,
-    vllm: VLLMConfig | None = None,
-    hf: HFEngineConfig | None = None,
     distributed: bool = False,
     seed: int = 0,
     device: torch.device | None = None,
-):
-    """``hf`` generates with ``model`` itself, or (``hf.inference_copy``) with a copy of it loaded from its folder;
-    ``vllm`` loads its own copy from ``model``'s folder (``name_or_path``); an engine's own copy is kept in step by
-    ``update_weights``. ``synced``: ``model``'s parameters are sharded over the ranks. ``device``: where the policy
-    computes (the strategy's device; by default its parameters' device), which the ``hf`` engine's automatic choices
-    follow."""
-    if name == "hf":
-        first = next(model.parameters())
-        device = device if device is not None else first.device
-        copy_dtype = hf.copy_dtype(first.dtype, device) if hf is not None and hf.wants_copy(synced, device) else None
-        static = hf is not None and hf.wants_static_cache(copy_dtype is not None, device)
-        return HFRolloutEngine(
-            model,
-            processor,
-            synced=synced,
-            micro_batch_size=micro_batch_size,
-            copy_dtype=copy_dtype,
-            static_cache=static,
-            sleep_level=hf.sleep_level if hf is not None else 1,
-            device=device,
-        )
-    if name == "vllm":
-        dtype = next(model.parameters()).dtype
-        return VLLMRolloutEngine(
-            model.name_or_path, processor, vllm, model_dtype=dtype, distributed=distributed, seed=seed
-        )
-    raise ValueError(f"unknown rollout engine {name!r}; available: hf, vllm")
+    **sections,
+) -> RolloutEngine:
+    """The engine ``rollout.engine`` on ``model``, built from its section of ``rollout`` (``rollout.hf``, ...) with
+    ``rollout.micro_rollout_batch_size`` prompts per generate call. ``synced``: ``model``'s parameters are sharded
+    over the ranks; ``distributed``: one engine per torchrun rank; ``seed``: an engine's own sampler seed;
+    ``device``: where the policy computes (the strategy's device; by default its parameters' device), which an
+    engine's automatic choices follow. An engine with a copy of its own (``owns_weights``) is kept in step by
+    ``update_weights``.
+
+    ``rollout`` may also be an engine's name, for tests and scripts: :meth:`RolloutConfig.on_model` of it, with
+    sections given by keyword (``make_engine("hf", model, processor, hf=HFEngineConfig(...))``)."""
+    if isinstance(rollout, str):
+        rollout = dataclasses.replace(RolloutConfig.on_model(rollout), **sections)
+    elif sections:
+        raise TypeError(f"make_engine: the sections {', '.join(sections)} belong in the rollout config")
+    entry = engine_entry(rollout.engine)
+    return entry.build(
+        getattr(rollout, rollout.engine),  # the engine's own section, named as the engine
+        model,
+        processor,
+        micro_batch_size=rollout.micro_rollout_batch_size,
+        synced=synced,
+        distributed=distributed,
+        seed=seed,
+        device=device,
+    )

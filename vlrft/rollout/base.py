@@ -81,6 +81,9 @@ def stack_rollout_logprobs(rollouts: list[Rollout], width: int) -> torch.Tensor 
 
 
 class RolloutEngine(Protocol):
+    # True: the engine holds weights of its own (an inference copy, vLLM's), loaded once and kept in step by
+    # update_weights; False: it generates with the module it was given (building one costs nothing)
+    owns_weights: bool
     # False: the engine can keep parameters that do not train (a frozen vision tower) from its last load,
     # so update_weights gets the trainable ones only (Strategy.full_params(trainable_only=True))
     needs_all_params: bool

@@ -10,6 +10,9 @@ leave the batch. A trajectory ends when it answers, when a turn reaches ``rollou
 ending ("length"), when the next observation or turn would pass ``tools.max_tokens`` ("budget"), or when the
 policy calls a tool in turn ``tools.max_turns`` ("max_turns").
 
+How trajectories are logged (:func:`turn_log`) and their tool use summed up per step or evaluation
+(:func:`tool_summary`) live here too.
+
 The engine re-reads each open trajectory's whole context every turn (the hf engine prefills it again; vLLM's
 prefix cache keeps what it can): simple and exact, and the prompt's vision tower runs again each turn.
 """
@@ -19,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 from PIL import Image
@@ -221,3 +224,33 @@ class TrajectoryRunner:
             errors=dict(t.errors),
         )
         return Rollout(t.prompt_index, response.input_ids, t.text, t.finish, logprobs, trajectory)
+
+
+def turn_log(trajectory: Trajectory) -> dict[str, Any]:
+    """A trajectory as samples.jsonl (``vlrft eval``'s and train-policy's) keeps it: its turns (text, calls,
+    observations with their image counts) and its calls and failed calls counted."""
+    return {"turns": trajectory.turns, "tool_calls": trajectory.calls, "tool_errors": trajectory.errors}
+
+
+def tool_summary(responses: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """Tool use over responses with turns (samples.jsonl rows of ``vlrft eval``, and each step of train-policy):
+    turns and calls per response, the share that called a tool, failed calls per response, per tool and per
+    failure, the share cut by the token budget or by the turn limit, and images returned per response."""
+    n = len(responses)
+    calls: Counter = Counter()
+    errors: Counter = Counter()
+    for r in responses:
+        calls.update(r.get("tool_calls", {}))
+        errors.update(r.get("tool_errors", {}))
+    out = {
+        "tools/turns": sum(len(r.get("turns", [])) for r in responses) / n,
+        "tools/calls": sum(calls.values()) / n,
+        "tools/call_rate": sum(bool(r.get("tool_calls") or r.get("tool_errors")) for r in responses) / n,
+        "tools/errors": sum(errors.values()) / n,
+        "tools/cut_by_budget": sum(r.get("finish_reason") == "budget" for r in responses) / n,
+        "tools/max_turns": sum(r.get("finish_reason") == "max_turns" for r in responses) / n,
+        "tools/images": sum(o["images"] for r in responses for t in r.get("turns", []) for o in t["observations"]) / n,
+    }
+    out.update({f"tools/calls/{k}": v / n for k, v in sorted(calls.items())})
+    out.update({f"tools/errors/{k}": v / n for k, v in sorted(errors.items())})
+    return out

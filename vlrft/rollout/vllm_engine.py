@@ -27,6 +27,7 @@ from data_pipelines.collate import EncodedPrompt, tokenizer_of
 from vlrft.config import ConfigError, option
 from vlrft.models.processing import IMAGE_ONLY_PROCESSORS, torchvision_available
 from vlrft.rollout.base import Rollout, SamplingParams, vision_token_ids
+from vlrft.rollout.registry import register_engine
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +84,8 @@ def _vllm_module():
 
 class VLLMRolloutEngine:
     """A vLLM engine on the policy in ``model_path`` (a folder vLLM loads: config, weights, processor)."""
+
+    owns_weights = True  # loaded by vLLM from the folder, then written by the weight stream
 
     def __init__(
         self,
@@ -248,6 +251,16 @@ class VLLMRolloutEngine:
             reason,
             torch.tensor(logps, dtype=torch.float32) if len(logps) == len(ids) else None,
         )
+
+
+@register_engine("vllm", "a colocated vLLM engine, weights synced after each update, see docs/train-policy.md")
+def build_vllm_engine(
+    cfg: VLLMConfig, model: torch.nn.Module, processor, *, distributed: bool = False, seed: int = 0, **_
+) -> VLLMRolloutEngine:
+    """A vLLM engine on ``model``'s folder (``name_or_path``), in ``model``'s dtype unless ``cfg.dtype`` says
+    otherwise; ``distributed``: one engine in each torchrun rank."""
+    dtype = next(model.parameters()).dtype
+    return VLLMRolloutEngine(model.name_or_path, processor, cfg, model_dtype=dtype, distributed=distributed, seed=seed)
 
 
 def vllm_plugin() -> None:

@@ -1,0 +1,59 @@
+"""The rollout section (``rollout.*``): which engine samples, with its own options, and how it samples.
+
+Each engine's options are a section named as the engine (``rollout.hf``, ``rollout.vllm``), imported from the
+engine's module, which registers the engine (``vlrft.rollout.registry``); ``rollout.engine`` takes its choices and
+its help from the registry. Callers that generate outside train-policy (evaluation, judges, the supervised trainers'
+held-out accuracy) build this config too, with :meth:`RolloutConfig.on_model`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from vlrft.config import option
+from vlrft.rollout.base import SamplingParams
+from vlrft.rollout.hf import HFEngineConfig
+from vlrft.rollout.registry import DEFAULT_ENGINE, ENGINES
+from vlrft.rollout.vllm_engine import VLLMConfig
+
+
+@dataclass
+class RolloutConfig:
+    """Sampling of responses."""
+
+    engine: str = option(
+        DEFAULT_ENGINE,
+        f"rollout engine ({'; '.join(f'{name}: {entry.help}' for name, entry in sorted(ENGINES.items()))})",
+        choices=ENGINES,
+    )
+    vllm: VLLMConfig = option(VLLMConfig(), "the vLLM engine (rollout.engine=vllm)")
+    hf: HFEngineConfig = option(HFEngineConfig(), "the hf engine (rollout.engine=hf)")
+    rollout_batch_size: int = option(16, "prompts per RL step (global, over all ranks)", ge=1)
+    n_samples_per_prompt: int = option(8, "responses sampled per prompt (the group size)", ge=1)
+    micro_rollout_batch_size: int = option(16, "prompts per generate call per rank", ge=1)
+    temperature: float = option(
+        1.0, "sampling temperature (> 0: greedy groups are identical and give no gradient)", gt=0, why="for training"
+    )
+    top_p: float = option(1.0, "nucleus sampling threshold", gt=0, le=1)
+    top_k: int = option(0, "top-k filtering (0: off)", ge=0)
+    max_new_tokens: int = option(16, "response length limit", ge=1)
+    stop: list = option([], "stop strings (kept in the response)")
+
+    @classmethod
+    def on_model(cls, engine: str = DEFAULT_ENGINE, micro_batch_size: int = 16) -> RolloutConfig:
+        """The engine ``engine`` on the model a caller loaded to generate with, as it is (``micro_batch_size`` prompts
+        per generate call): the hf engine without an inference copy or a static cache, which train-policy's ``auto``
+        would give a policy on CUDA."""
+        plain = HFEngineConfig(inference_copy="off", compile="off")
+        return cls(engine=engine, micro_rollout_batch_size=micro_batch_size, hf=plain)
+
+    def sampling(self) -> SamplingParams:
+        """How the policy samples its groups: ``n_samples_per_prompt`` responses per prompt."""
+        return SamplingParams(
+            n=self.n_samples_per_prompt,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            max_new_tokens=self.max_new_tokens,
+            stop=list(self.stop),
+        )
