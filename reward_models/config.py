@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vlrft.config import option
-from vlrft.loop import DataSourceConfig, RunConfig
 from vlrft.micro_batching import micro_batch_tokens_option
 from vlrft.models.loading import ModelConfig
-from vlrft.strategies.base import OptimConfig, StrategyConfig
+from vlrft.run_config import DataSourceConfig, RunConfig
+from vlrft.strategies.config import OptimConfig, StrategyConfig
 from vlrft.tracking import LoggingConfig
 
 

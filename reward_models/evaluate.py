@@ -24,7 +24,7 @@ from data_pipelines.readers import read_records
 from reward_models.generative import generate_judgments, parse_judgment
 from reward_models.scalar import HEAD_CONFIG, ScalarRewardModel, score_responses
 from vlrft.models.loading import load_model, load_processor
-from vlrft.rollout import make_engine
+from vlrft.rollout import RolloutConfig, make_engine
 
 
 def _non_finite(value: Any, key: str) -> list[str]:
@@ -144,7 +144,7 @@ def evaluate_reward_model(
         data, "judgment", on_bad_record, synthetic_options, judge_mode, synthetic_size=synthetic_size, seed=seed
     )
     model, processor = load_model(model_dir, device=dev)
-    engine = make_engine("hf", model, processor, micro_batch_size=batch_size)
+    engine = make_engine(RolloutConfig.on_model(micro_batch_size=batch_size), model, processor)
     texts = generate_judgments(engine, processor, [(r.prompt, r.images, r.system) for r in records], max_new_tokens)
     counts = judgment_counts(texts, [r.target for r in records], judge_mode)
     return {"kind": "grm", **_undefined_when_empty(reward_metrics("grm", counts), "judgment_accuracy")}

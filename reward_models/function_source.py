@@ -26,15 +26,15 @@ from __future__ import annotations
 import base64
 import pickle
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from dataclasses import dataclass
 
 import torch
 
 from reward_models.function_worker import SIGNATURES, call, described, normal
 from reward_models.samples import Sample
-from reward_models.sources import RewardSource, Scores, source_kind
+from reward_models.sources import KIND_HELP, RewardSource, RewardSourceConfig, Scores, SourceContext, source_kind
 from reward_models.verifiers import Verifier, VerifierResult
-from vlrft.config import ConfigError
+from vlrft.config import ConfigError, option
 from vlrft.user_code import check_signature, load_callable, where
 from vlrft.workers import WorkerPool
 
@@ -47,10 +47,29 @@ _CALLS = {
 }
 
 
-@source_kind("function")
+@dataclass
+class FunctionSourceConfig(RewardSourceConfig):
+    """A reward function of yours (docs/your-task.md)."""
+
+    kind: str = option("function", KIND_HELP)
+    function: str = option("", "path/to/file.py:name or package.module:name", reads=True)
+    signature: str = option("sample", "how it is called (docs/your-task.md)", choices=SIGNATURES)
+    function_kwargs: dict = option({}, "keyword arguments it is called with")
+    needs: list = option([], "record fields it reads (e.g. [answer]), checked in every record")
+    isolation: str = option(
+        "process", "process (worker processes, time limit) or inline", choices=("process", "inline")
+    )
+    timeout_s: float = option(30.0, "time limit of one call (isolation process)", gt=0)
+    num_workers: int = option(2, "worker processes (and concurrent calls)", ge=1)
+    memory_limit_mb: int = option(4096, "address-space limit of a worker (0: none)", ge=0)
+
+
+@source_kind(FunctionSourceConfig)
 class FunctionSource(RewardSource):
-    def __init__(self, cfg: Any, device: torch.device, offload: bool):
-        super().__init__(cfg, device, offload)
+    """The user's function, in worker processes or inline (see the module doc)."""
+
+    def __init__(self, cfg: FunctionSourceConfig, context: SourceContext):
+        super().__init__(cfg, context)
         self.key = f"reward source {cfg.name!r}"
         self.fn = load_callable(cfg.function, f"{self.key}: function")
         self.where = where(self.fn)
@@ -63,7 +82,7 @@ class FunctionSource(RewardSource):
         self._threads = ThreadPoolExecutor(max_workers=max(1, cfg.num_workers), thread_name_prefix=f"fn-{cfg.name}")
 
     @classmethod
-    def check(cls, cfg: Any, key: str) -> None:
+    def check(cls, cfg: FunctionSourceConfig, key: str) -> None:
         if not cfg.function:
             raise ConfigError(f"{key}.function: empty; want path/to/file.py:function or package.module:function")
         if cfg.signature not in SIGNATURES:
@@ -78,8 +97,12 @@ class FunctionSource(RewardSource):
         check_signature(fn, cfg.function, f"{key}.function", args, keywords + tuple(cfg.function_kwargs), partial)
 
     @classmethod
-    def needs(cls, cfg: Any) -> set[str]:
+    def needs(cls, cfg: FunctionSourceConfig) -> set[str]:
         return set(cfg.needs) | ({"answer"} if cfg.signature == "verl" else set())
+
+    @classmethod
+    def describe(cls, cfg: FunctionSourceConfig) -> str:
+        return f"function {cfg.function}".strip()
 
     def _calls(self, samples: list[Sample]) -> list[list[int]]:
         """The samples each call scores: one each, or the whole batch for the batch signatures."""

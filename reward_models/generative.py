@@ -35,7 +35,7 @@ from data_pipelines.formatting import JUDGE_SYSTEM_PROMPT, POINTWISE_JUDGE_TEMPL
 from data_pipelines.records import PromptRecord
 from reward_models.judgments import MODES, extract_answer, read_verdict
 from vlrft.models.loading import load_model
-from vlrft.rollout import SamplingParams, make_engine
+from vlrft.rollout import DEFAULT_ENGINE, RolloutConfig, SamplingParams, make_engine
 
 NUMBER_RE = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?")
 
@@ -95,11 +95,11 @@ class GenerativeRewardModel:
         max_new_tokens: int = 32,
         default: float = 0.0,
         score_max: float = 1.0,
-        engine: str = "hf",
+        engine: str = DEFAULT_ENGINE,
     ):
         self.model = model
         self.processor = processor
-        self.engine_name = engine  # hf: a fresh engine on the model per call; vllm: one engine, built once
+        self.engine_name = engine  # on the model itself (hf): one per call; with weights of its own (vllm): built once
         self._engine = None
         self.template = template
         self.system = system or None
@@ -120,9 +120,9 @@ class GenerativeRewardModel:
         """Greedy judgments for ``(user_text, images, system)`` items (an ``hf`` engine on the model's device,
         or the judge's vLLM engine: ``engine="vllm"``)."""
         engine = self._engine or make_engine(
-            self.engine_name, self.model, self.processor, synced=synced_gpus, micro_batch_size=micro_batch_size
+            RolloutConfig.on_model(self.engine_name, micro_batch_size), self.model, self.processor, synced=synced_gpus
         )
-        if self.engine_name == "vllm":
+        if engine.owns_weights:  # loaded once (vLLM's copy), kept for every later call
             self._engine = engine
         return generate_judgments(engine, self.processor, items, self.max_new_tokens)
 

@@ -1,10 +1,10 @@
 """The reward pool: rule verifiers, scalar RMs and generative RMs scoring the same samples together.
 
 Configured as a list of sources (``kind: verifier | srm | grm | function | http | openai_judge``, a name, a
-weight; each kind a class of ``reward_models.sources``, which the pool uses only through their one protocol)
-and optional per-task recipes. For sample ``i`` whose record has task ``t``, the applicable sources and weights are
-``recipes[t]`` if present, else ``recipes["default"]`` if present, else every source with its own
-``weight``. The combined reward is
+weight, and the keys of the kind's own config; each kind a class registered in ``reward_models.kinds``, which
+the pool uses only through their one protocol) and optional per-task recipes. For sample ``i`` whose record has
+task ``t``, the applicable sources and weights are ``recipes[t]`` if present, else ``recipes["default"]`` if
+present, else every source with its own ``weight``. The combined reward is
 
     combined_i = sum over applicable sources s of  w_{t,s} * r_{i,s}
 
@@ -33,107 +33,31 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable
 
 import torch
 
-import reward_models.function_source  # noqa: F401 - registers kind: function
-import reward_models.remote_sources  # noqa: F401 - registers kinds http and openai_judge
-from data_pipelines.formatting import JUDGE_SYSTEM_PROMPT, POINTWISE_JUDGE_TEMPLATE
 from data_pipelines.records import PromptRecord
 from reward_models.diagnostics import PoolDiagnostics
-from reward_models.function_worker import SIGNATURES
-from reward_models.judgments import MODES
-from reward_models.pairwise import AGAINST, DEBIAS
+from reward_models.function_source import FunctionSourceConfig
+from reward_models.kinds import SOURCE_CONFIG, SOURCE_KINDS, check_source, make_source
 from reward_models.samples import samples_of
 from reward_models.sources import (
-    SOURCE_KINDS,
     RewardSource,
     RewardSourceError,  # noqa: F401 - the trainers and tests import it from here
     Scores,
-    check_source,
-    make_source,
 )
 from vlrft.algorithms.shaping import combine_rewards
 from vlrft.config import ConfigError, option
-from vlrft.models.cpu_matmul import use_onednn_linears
-
-KINDS = tuple(SOURCE_KINDS)  # verifier, srm, grm, function, http, openai_judge
-
-
-@dataclass
-class RewardSourceConfig:
-    """One reward source of the pool."""
-
-    name: str = option("", "the source's name (keys of per_source, recipes and metrics)")
-    kind: str = option(
-        "verifier",
-        "rule verifier, scalar RM, generative RM, a function of yours (docs/your-task.md), a reward server or an "
-        "OpenAI-compatible judge (docs/reward-models.md)",
-        choices=KINDS,
-    )
-    verifier: str = option("", "registered verifier name (kind verifier; default: the source's name)")
-    verifier_options: dict = option({}, "options of the verifier, e.g. {timeout_s: 2}")
-    path: str = option(
-        "", "model folder (kind srm: ScalarRewardModel.save_pretrained; grm: a judge checkpoint)", reads=True
-    )
-    weight: float = option(1.0, "weight in the combined reward when no recipe applies", finite=True)
-    fallback: Optional[float] = option(
-        None, "reward given when the source fails (null: a failure is an error)", finite=True
-    )
-    micro_batch_size: int = option(8, "samples per forward (srm, grm)", ge=1)
-    max_length: int = option(4096, "longest tokenised prompt+response for srm scoring")
-    max_new_tokens: int = option(32, "judgment length limit (grm, openai_judge)")
-    judge_template: str = option(
-        POINTWISE_JUDGE_TEMPLATE, "judge user text with {prompt} and {response} (grm, openai_judge)"
-    )
-    judge_system_prompt: str = option(
-        JUDGE_SYSTEM_PROMPT, "judge system turn (grm, openai_judge; empty: the chat template's default)"
-    )
-    unparsable_reward: float = option(0.0, "reward of an unparsable judgment (grm, openai_judge; counted)")
-    score_max: float = option(1.0, "pointwise numeric judgments are divided by this (grm, openai_judge)")
-    judge_mode: str = option(
-        "pointwise", "grm: pointwise (judge each response) or pairwise (compare responses)", choices=MODES
-    )
-    pairwise_against: str = option(
-        "group", "pairwise grm: score = win rate against the group, or preference over the reference", choices=AGAINST
-    )
-    debias: str = option("none", "pairwise grm: swap = judge both orders and average (position bias)", choices=DEBIAS)
-    engine: str = option(
-        "hf", "generation engine of a grm judge: hf or vllm (needs .venv-vllm)", choices=("hf", "vllm")
-    )
-    function: str = option("", "kind function: path/to/file.py:name or package.module:name", reads=True)
-    signature: str = option("sample", "kind function: how it is called (docs/your-task.md)", choices=SIGNATURES)
-    function_kwargs: dict = option({}, "kind function: keyword arguments it is called with")
-    needs: list = option([], "kind function: record fields it reads (e.g. [answer]), checked in every record")
-    isolation: str = option(
-        "process", "kind function: process (worker processes, time limit) or inline", choices=("process", "inline")
-    )
-    timeout_s: float = option(
-        30.0, "time limit of one call (kind function, isolation process) or one HTTP request (http, openai_judge)", gt=0
-    )
-    num_workers: int = option(2, "kind function: worker processes (and concurrent calls)", ge=1)
-    memory_limit_mb: int = option(4096, "kind function: address-space limit of a worker (0: none)", ge=0)
-    url: str = option(
-        "", "http: the reward server (vlrft serve-reward-model); openai_judge: the chat server's base URL"
-    )
-    model: str = option("", "openai_judge: the judge model's name on the server")
-    api_key_env: str = option(
-        "", "http, openai_judge: environment variable holding the server's API key, sent as Bearer token (empty: none)"
-    )
-    max_retries: int = option(3, "http, openai_judge: retries of a failed request (exponential backoff)", ge=0)
-    max_concurrency: int = option(4, "http, openai_judge: requests in flight at once", ge=1)
-    http_batch_size: int = option(64, "http: samples per request", ge=1)
-    max_failure_share: float = option(
-        0.5, "stop the run when more than this share of a step's samples fail, even with a fallback", ge=0, le=1
-    )
 
 
 @dataclass
 class RewardPoolConfig:
     """Reward sources, their weights and per-task recipes."""
 
-    sources: list[RewardSourceConfig] = field(default_factory=list, metadata={"help": "the reward sources"})
+    sources: list[Any] = option(
+        [], "the reward sources, each with the keys of its kind (a verifier when it names none)", union=SOURCE_CONFIG
+    )
     recipes: dict[str, dict[str, float]] = field(
         default_factory=dict,
         metadata={"help": "task label -> {source name: weight}; 'default' for tasks without a recipe"},
@@ -151,9 +75,10 @@ class RewardPoolConfig:
             raise ValueError("the reward pool needs at least one source")
         if any(not n for n in names) or len(set(names)) != len(names):
             raise ValueError(f"reward sources need unique, non-empty names; got {names}")
-        for i, s in enumerate(self.sources):
-            if s.kind not in KINDS:
-                raise ValueError(f"reward source {s.name!r}: kind {s.kind!r} is not allowed; choose one of {KINDS}")
+        for s in self.sources:
+            if s.kind not in SOURCE_KINDS:
+                kinds = tuple(SOURCE_KINDS)
+                raise ValueError(f"reward source {s.name!r}: kind {s.kind!r} is not allowed; choose one of {kinds}")
         if self.accuracy_source and self.accuracy_source not in names:
             raise ValueError(f"accuracy_source {self.accuracy_source!r} is not a source; sources: {names}")
         for task, weights in self.recipes.items():
@@ -191,9 +116,14 @@ def combine(per_source: dict[str, torch.Tensor], weights: list[dict[str, float]]
 class RewardPool:
     """``score(records, responses) -> PoolOutput``; records are repeated per sample (one per response)."""
 
-    def __init__(self, cfg: RewardPoolConfig, device: str | torch.device | None = None, onednn: bool = False):
-        """``onednn``: the models of the pool's sources compute their float32 linear layers by oneDNN on a CPU (the
-        policy's ``strategy.cpu_matmul``, resolved; ``vlrft.models.cpu_matmul``)."""
+    def __init__(
+        self,
+        cfg: RewardPoolConfig,
+        device: str | torch.device | None = None,
+        prepare_model: Callable[[torch.nn.Module], Any] | None = None,
+    ):
+        """``prepare_model``: applied to each model the pool's sources hold, once loaded (the trainer's
+        ``strategy.compute_like_policy``: they compute as the policy does, with its CPU products' kernels)."""
         cfg.validate()
         self.cfg = cfg
         dev = device or cfg.device
@@ -205,10 +135,9 @@ class RewardPool:
         self.sources: dict[str, RewardSource] = {}
         for i, s in enumerate(cfg.sources):
             check_source(s, f"reward.sources[{i}]")  # the kind's own rules (preflight ran them too)
-            self.sources[s.name] = make_source(s, self.device, cfg.offload)
-            if onednn and self.device.type == "cpu" and getattr(self.sources[s.name], "model", None) is not None:
-                use_onednn_linears(self.sources[s.name].model)
-            self.sources[s.name].executor = self._threads  # for sources that score samples concurrently
+            self.sources[s.name] = make_source(s, self.device, cfg.offload, self._threads)
+            if prepare_model is not None and getattr(self.sources[s.name], "model", None) is not None:
+                prepare_model(self.sources[s.name].model)
         # the sources that grade a response on their own, and the one the accuracy is read from
         self.graders = {n: v for n, v in ((n, src.verifier()) for n, src in self.sources.items()) if v is not None}
         self.accuracy_source = cfg.accuracy_source or next(iter(self.graders), "")
@@ -344,7 +273,7 @@ def user_verifier(spec: str, key: str = "--verifier") -> Any:
     """A user's reward function (``path/to/file.py:name`` or ``module:name``, called as ``fn(sample)``) as a
     verifier for ``vlrft eval`` and held-out accuracy: in a worker process with the source defaults' time limit;
     correct when its score is above 0.5."""
-    cfg = RewardSourceConfig(name=spec, kind="function", function=spec, max_failure_share=1.0)
+    cfg = FunctionSourceConfig(name=spec, function=spec, max_failure_share=1.0)
     try:
         check_source(cfg, "verifier")
     except ConfigError as exc:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import os
 import threading
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -39,9 +40,49 @@ from data_pipelines.images import load_image, png_data_uri
 from reward_models.generative import JudgmentParser
 from reward_models.remote import HttpClient, Reply, check_url, result_from_json, sample_json, scores_from_json
 from reward_models.samples import Sample
-from reward_models.sources import RewardSource, RewardSourceError, Scores, source_kind
+from reward_models.sources import (
+    KIND_HELP,
+    JudgeTextConfig,
+    RewardSource,
+    RewardSourceConfig,
+    RewardSourceError,
+    Scores,
+    SourceContext,
+    source_kind,
+)
 from reward_models.verifiers import Verifier, VerifierResult
-from vlrft.config import ConfigError
+from vlrft.config import ConfigError, option
+
+
+@dataclass
+class RemoteSourceConfig(RewardSourceConfig):
+    """The keys of the kinds on another machine (http, openai_judge)."""
+
+    url: str = option(
+        "", "http: the reward server (vlrft serve-reward-model); openai_judge: the chat server's base URL"
+    )
+    api_key_env: str = option(
+        "", "environment variable holding the server's API key, sent as Bearer token (empty: none)"
+    )
+    timeout_s: float = option(30.0, "time limit of one HTTP request", gt=0)
+    max_retries: int = option(3, "retries of a failed request (exponential backoff)", ge=0)
+    max_concurrency: int = option(4, "requests in flight at once", ge=1)
+
+
+@dataclass
+class HttpSourceConfig(RemoteSourceConfig):
+    """A source served by vlrft serve-reward-model on another machine."""
+
+    kind: str = option("http", KIND_HELP)
+    http_batch_size: int = option(64, "samples per request", ge=1)
+
+
+@dataclass
+class OpenAIJudgeSourceConfig(RemoteSourceConfig, JudgeTextConfig):
+    """A pointwise judge behind an OpenAI-compatible chat server."""
+
+    kind: str = option("openai_judge", KIND_HELP)
+    model: str = option("", "the judge model's name on the server")
 
 
 class RemoteSource(RewardSource):
@@ -49,8 +90,8 @@ class RemoteSource(RewardSource):
     A kind says how samples are grouped into requests (:meth:`_chunks`), what a request holds
     (:meth:`_request`) and what its reply scores (:meth:`_send`)."""
 
-    def __init__(self, cfg: Any, device: torch.device, offload: bool):
-        super().__init__(cfg, device, offload)
+    def __init__(self, cfg: RemoteSourceConfig, context: SourceContext):
+        super().__init__(cfg, context)
         self.url = cfg.url.rstrip("/")
         self.client = HttpClient(cfg.timeout_s, cfg.max_retries, cfg.max_concurrency, auth_headers(cfg))
 
@@ -98,12 +139,12 @@ class RemoteSource(RewardSource):
         self.client.close()
 
 
-@source_kind("http")
+@source_kind(HttpSourceConfig)
 class HttpSource(RemoteSource):
     """A reward source served by ``vlrft serve-reward-model`` (see the module doc)."""
 
-    def __init__(self, cfg: Any, device: torch.device, offload: bool):
-        super().__init__(cfg, device, offload)
+    def __init__(self, cfg: HttpSourceConfig, context: SourceContext):
+        super().__init__(cfg, context)
         try:
             self.health = served_health(self.client, self.url, cfg.name)
         except RewardSourceError:
@@ -215,12 +256,12 @@ class HttpVerifier(Verifier):
         return self._vote_keys.get(extracted, super().vote_key(extracted)) if extracted is not None else None
 
 
-@source_kind("openai_judge")
+@source_kind(OpenAIJudgeSourceConfig)
 class OpenAIJudgeSource(RemoteSource):
     """A pointwise judge behind an OpenAI-compatible ``/v1/chat/completions`` (see the module doc)."""
 
-    def __init__(self, cfg: Any, device: torch.device, offload: bool):
-        super().__init__(cfg, device, offload)
+    def __init__(self, cfg: OpenAIJudgeSourceConfig, context: SourceContext):
+        super().__init__(cfg, context)
         self.chat_url = chat_completions_url(self.url)
         self.system = cfg.judge_system_prompt or None
         self.parser = JudgmentParser("pointwise", cfg.unparsable_reward, cfg.score_max)

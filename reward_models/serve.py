@@ -1,4 +1,4 @@
-"""``vlrft serve-reward-model``: any reward source (a ``RewardSourceConfig``: verifier, srm, grm, function, ...)
+"""``vlrft serve-reward-model``: any reward source (the config of a kind: verifier, srm, grm, function, ...)
 served over HTTP, for ``kind: http`` sources on other machines (wire format: ``reward_models.remote``).
 
 Requests that arrive within ``batch_window_ms`` of each other are scored together: their samples, in arrival
@@ -26,17 +26,19 @@ import json
 import signal
 import socket
 import sys
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from aiohttp import web
 
-from reward_models.pool import RewardSourceConfig, _all_failed
+from reward_models.kinds import SOURCE_CONFIG, check_source, make_source
+from reward_models.pool import _all_failed
 from reward_models.remote import decode_images, result_json, sample_from_json, scores_json
 from reward_models.samples import Sample
-from reward_models.sources import RewardSource, Scores, check_source, make_source
+from reward_models.sources import RewardSource, RewardSourceConfig, Scores, VerifierSourceConfig
+from vlrft.config import option
 
 MAX_REQUEST_MIB = 256  # images travel inline (aiohttp's default limit, 1 MiB, holds a few); --max-request-mib
 
@@ -45,8 +47,8 @@ MAX_REQUEST_MIB = 256  # images travel inline (aiohttp's default limit, 1 MiB, h
 class ServeConfig:
     """What ``vlrft serve-reward-model`` serves: one reward source (the host, port and batching are options)."""
 
-    source: RewardSourceConfig = field(
-        default_factory=RewardSourceConfig, metadata={"help": "the served reward source"}
+    source: Any = option(
+        VerifierSourceConfig(), "the served reward source, with the keys of its kind", union=SOURCE_CONFIG
     )
 
 
@@ -60,11 +62,13 @@ class _Pending:
 
 
 class RewardServer:
-    """The aiohttp application around one source (:meth:`app`), with its batching queue."""
+    """The aiohttp application around one source (:meth:`app`), with its batching queue; it builds the source of
+    ``cfg`` on ``device`` (:func:`build_source`) with its threads."""
 
     def __init__(
         self,
-        source: RewardSource,
+        cfg: RewardSourceConfig,
+        device: str,
         max_batch_size: int,
         batch_window_s: float,
         num_threads: int = 4,
@@ -73,13 +77,14 @@ class RewardServer:
         local_images: bool = False,
         max_request_mib: int = MAX_REQUEST_MIB,
     ):
-        self.source, self.max_batch_size, self.batch_window_s = source, max_batch_size, batch_window_s
+        self.max_batch_size, self.batch_window_s = max_batch_size, batch_window_s
         self.api_key, self.local_images, self.max_request_mib = api_key, local_images, max_request_mib
         self.scorer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="score")  # one call at a time
         self.threads = ThreadPoolExecutor(max_workers=max(1, num_threads), thread_name_prefix="serve")
-        source.executor = self.threads  # verifier sources check samples concurrently, as in the pool
-        self.grader = source.verifier()
-        self.needs = sorted(type(source).needs(source.cfg))  # the record fields it reads (/health)
+        # verifier sources check samples concurrently on the server's threads, as in the pool
+        self.source: RewardSource = build_source(cfg, device, self.threads)
+        self.grader = self.source.verifier()
+        self.needs = sorted(type(self.source).needs(cfg))  # the record fields it reads (/health)
         self.queue: asyncio.Queue[_Pending] | None = None
         self.n_requests = self.n_calls = 0  # /score requests and source.score calls (batching merges requests)
 
@@ -260,14 +265,15 @@ def _decode(obj: Any, where: str, local_images: bool = False) -> tuple[Sample | 
     return sample, "", False
 
 
-def build_source(cfg: RewardSourceConfig, device: str) -> RewardSource:
-    """The served source, loaded (on ``device``: auto is cuda when there is one) and resident there."""
+def build_source(cfg: RewardSourceConfig, device: str, executor: Executor | None = None) -> RewardSource:
+    """The served source, loaded (on ``device``: auto is cuda when there is one) and resident there, scoring on
+    ``executor``'s threads when its kind scores samples concurrently."""
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if not cfg.name:
-        cfg.name = cfg.verifier or cfg.kind
+        cfg.name = (cfg.verifier if isinstance(cfg, VerifierSourceConfig) else "") or cfg.kind
     check_source(cfg, "source")
-    return make_source(cfg, torch.device(device), offload=False)
+    return make_source(cfg, torch.device(device), False, executor)
 
 
 def serve(server: RewardServer, host: str, port: int) -> None:

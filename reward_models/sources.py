@@ -1,4 +1,4 @@
-"""One protocol for every reward source, and the registry of their kinds.
+"""One protocol for every reward source, each kind's config, and the kinds built on a model or a rule.
 
 A source scores a batch of :class:`~reward_models.samples.Sample` and returns a :class:`Scores`: one value
 per sample, the samples it failed on (with why), and named extra values the pool logs as metrics. Besides
@@ -14,46 +14,85 @@ per sample, the samples it failed on (with why), and named extra values the pool
 - ``compare(items)``: preferences between two responses, for sources that compare (pairwise judges), else None
   (the swap probe of ``reward_models.probes`` asks both orders).
 
-A new kind is one class registered with :func:`source_kind`; the pool, preflight and the trainers need no
-change. Built in: ``verifier`` (rule verifiers), ``srm`` (scalar reward model), ``grm`` (generative judge,
-pointwise or pairwise), ``function`` (a user's reward function, ``reward_models.function_source``), ``http``
-(a source served by ``vlrft serve-reward-model``) and ``openai_judge`` (a judge behind an OpenAI-compatible
-server; both ``reward_models.remote_sources``).
+Each kind has its own config: a dataclass extending :class:`RewardSourceConfig` (the keys every source has:
+``name``, ``kind``, ``weight``, ``fallback``, ``max_failure_share``) with the kind's keys, declared beside the
+kind's class and tied to it by :func:`source_kind`. A config file's source is built into its kind's dataclass
+(a tagged union under ``kind``, ``vlrft.config_union``), so a key of another kind is refused naming the kind's
+keys. A source is constructed with its config and a :class:`SourceContext` (the device, offloading, the threads
+the pool lends). A new kind is one class and its config, plus its line in ``reward_models.kinds`` (where the
+kinds are registered); the pool, preflight and the trainers need no change. Built in: ``verifier`` (rule
+verifiers), ``srm`` (scalar reward model), ``grm`` (generative judge, pointwise or pairwise; all three here),
+``function`` (a user's reward function, ``reward_models.function_source``), ``http`` (a source served by
+``vlrft serve-reward-model``) and ``openai_judge`` (a judge behind an OpenAI-compatible server; both
+``reward_models.remote_sources``).
 """
 
 from __future__ import annotations
 
+from concurrent.futures import Executor
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Iterator
+from dataclasses import dataclass, field, fields
+from typing import Any, Callable, ClassVar, Iterator, Optional
 
 import torch
 
+from data_pipelines.formatting import JUDGE_SYSTEM_PROMPT, POINTWISE_JUDGE_TEMPLATE
 from reward_models.generative import GenerativeRewardModel
-from reward_models.pairwise import PairwiseJudge
+from reward_models.judgments import MODES
+from reward_models.pairwise import AGAINST, DEBIAS, PairwiseJudge
 from reward_models.samples import Sample
 from reward_models.scalar import ScalarRewardModel, score_responses
 from reward_models.verifiers import check_verifier, get_verifier
-from vlrft.config import ConfigError
+from vlrft.config import ConfigError, option
 from vlrft.errors import KnownError
 from vlrft.models.loading import check_model_folder, load_processor
+from vlrft.rollout import DEFAULT_ENGINE, ENGINES
 
-SOURCE_KINDS: dict[str, type["RewardSource"]] = {}
+KIND_HELP = (
+    "rule verifier, scalar RM, generative RM, a function of yours (docs/your-task.md), a reward server or an "
+    "OpenAI-compatible judge (docs/reward-models.md)"
+)
 
 
 class RewardSourceError(KnownError):
     """A reward source failed and has no fallback (or could not start: a reward server that does not answer)."""
 
 
-def source_kind(name: str) -> Callable[[type["RewardSource"]], type["RewardSource"]]:
-    """Class decorator: register a reward source kind under ``name`` (the ``kind:`` of its config)."""
+@dataclass
+class RewardSourceConfig:
+    """The keys of every reward source; each kind's config extends it with its own (see the module doc)."""
 
-    def register(cls: type[RewardSource]) -> type[RewardSource]:
-        cls.kind = name
-        SOURCE_KINDS[name] = cls
+    name: str = option("", "the source's name (keys of per_source, recipes and metrics)")
+    kind: str = option("", KIND_HELP)
+    weight: float = option(1.0, "weight in the combined reward when no recipe applies", finite=True)
+    fallback: Optional[float] = option(
+        None, "reward given when the source fails (null: a failure is an error)", finite=True
+    )
+    max_failure_share: float = option(
+        0.5, "stop the run when more than this share of a step's samples fail, even with a fallback", ge=0, le=1
+    )
+
+
+@dataclass(frozen=True)
+class SourceContext:
+    """What the pool (or the reward server) gives every source it builds: the scoring ``device``, whether a
+    model goes back to CPU memory between calls (``offload``), and threads to score samples on concurrently
+    (``executor``; None: one after another)."""
+
+    device: torch.device
+    offload: bool = False
+    executor: Optional[Executor] = None
+
+
+def source_kind(config: type[RewardSourceConfig]) -> Callable[[type["RewardSource"]], type["RewardSource"]]:
+    """Class decorator: the source class of the kind whose config is ``config`` (its ``kind`` default names the
+    kind); registered in ``reward_models.kinds``."""
+
+    def declare(cls: type[RewardSource]) -> type[RewardSource]:
+        cls.config, cls.kind = config, next(f.default for f in fields(config) if f.name == "kind")
         return cls
 
-    return register
+    return declare
 
 
 @dataclass
@@ -69,10 +108,12 @@ class RewardSource:
     """Base class of the source kinds (see the module doc)."""
 
     kind: ClassVar[str] = ""
+    config: ClassVar[type[RewardSourceConfig]] = RewardSourceConfig
     holds_model: ClassVar[bool] = False
 
-    def __init__(self, cfg: Any, device: torch.device, offload: bool):
-        self.cfg, self.name, self.device, self.offload = cfg, cfg.name, device, offload
+    def __init__(self, cfg: Any, context: SourceContext):
+        self.cfg, self.name = cfg, cfg.name
+        self.device, self.offload, self.executor = context.device, context.offload, context.executor
 
     @classmethod
     def check(cls, cfg: Any, key: str) -> None:
@@ -86,7 +127,7 @@ class RewardSource:
     @classmethod
     def describe(cls, cfg: Any) -> str:
         """How messages name what the source is (e.g. ``verifier vocab_answer``)."""
-        return f"{cls.kind} {getattr(cfg, 'function', '') or getattr(cfg, 'path', '') or ''}".strip()
+        return cls.kind
 
     def score(self, samples: list[Sample]) -> Scores:
         raise NotImplementedError
@@ -103,27 +144,25 @@ class RewardSource:
         pass
 
 
-def make_source(cfg: Any, device: torch.device, offload: bool) -> RewardSource:
-    return SOURCE_KINDS[cfg.kind](cfg, device, offload)
-
-
-def check_source(cfg: Any, key: str) -> None:
-    """The source's kind and its own rules (``key``: e.g. ``reward.sources[0]``)."""
-    if cfg.kind not in SOURCE_KINDS:
-        raise ConfigError(f"{key}.kind={cfg.kind}: unknown reward source kind; known: {', '.join(SOURCE_KINDS)}")
-    SOURCE_KINDS[cfg.kind].check(cfg, key)
-
-
 # -- rule verifiers --------------------------------------------------------------------------------
-@source_kind("verifier")
+@dataclass
+class VerifierSourceConfig(RewardSourceConfig):
+    """A registered rule verifier."""
+
+    kind: str = option("verifier", KIND_HELP)
+    verifier: str = option("", "registered verifier name (default: the source's name)")
+    verifier_options: dict = option({}, "options of the verifier, e.g. {timeout_s: 2}")
+
+
+@source_kind(VerifierSourceConfig)
 class VerifierSource(RewardSource):
     """A registered rule verifier (``verifier:``, default the source's name; a function of the user's is
-    ``kind: function``); each sample is verified on its own, on the pool's verifier threads."""
+    ``kind: function``); each sample is verified on its own, on the context's threads (the pool's verifier
+    threads) when it has them."""
 
-    def __init__(self, cfg: Any, device: torch.device, offload: bool, executor: Any = None):
-        super().__init__(cfg, device, offload)
+    def __init__(self, cfg: VerifierSourceConfig, context: SourceContext):
+        super().__init__(cfg, context)
         self._verifier = get_verifier(cfg.verifier or cfg.name, **dict(cfg.verifier_options))
-        self.executor = executor  # set by the pool: samples are verified concurrently
 
     @classmethod
     def check(cls, cfg: Any, key: str) -> None:
@@ -156,14 +195,58 @@ class VerifierSource(RewardSource):
 
 
 # -- neural sources --------------------------------------------------------------------------------
+@dataclass
+class ModelSourceConfig(RewardSourceConfig):
+    """The keys of the kinds that hold a model (srm, grm)."""
+
+    path: str = option("", "model folder (srm: ScalarRewardModel.save_pretrained; grm: a judge checkpoint)", reads=True)
+    micro_batch_size: int = option(8, "samples per forward", ge=1)
+
+
+@dataclass
+class SRMSourceConfig(ModelSourceConfig):
+    """A scalar reward model: one value per response."""
+
+    kind: str = option("srm", KIND_HELP)
+    max_length: int = option(4096, "longest tokenised prompt+response")
+
+
+@dataclass
+class JudgeTextConfig(RewardSourceConfig):
+    """The judge prompt and how its verdict is read (grm, openai_judge)."""
+
+    max_new_tokens: int = option(32, "judgment length limit")
+    judge_template: str = option(POINTWISE_JUDGE_TEMPLATE, "judge user text with {prompt} and {response}")
+    judge_system_prompt: str = option(JUDGE_SYSTEM_PROMPT, "judge system turn (empty: the chat template's default)")
+    unparsable_reward: float = option(0.0, "reward of an unparsable judgment (counted)")
+    score_max: float = option(1.0, "pointwise numeric judgments are divided by this")
+    judge_mode: str = option(
+        "pointwise", "pointwise (judge each response) or pairwise (compare responses; grm only)", choices=MODES
+    )
+
+
+@dataclass
+class GRMSourceConfig(ModelSourceConfig, JudgeTextConfig):
+    """A generative judge: pointwise (a verdict per response) or pairwise (responses compared)."""
+
+    kind: str = option("grm", KIND_HELP)
+    pairwise_against: str = option(
+        "group", "pairwise: score = win rate against the group, or preference over the reference", choices=AGAINST
+    )
+    debias: str = option("none", "pairwise: swap = judge both orders and average (position bias)", choices=DEBIAS)
+    engine: str = option(
+        DEFAULT_ENGINE, "the rollout engine generating judgments (vllm needs .venv-vllm)", choices=ENGINES
+    )
+
+
 class ModelSource(RewardSource):
     """A source holding a model, loaded once on CPU and moved to the scoring device only while it scores
     (``offload``), or resident there after its first call."""
 
     holds_model = True
 
-    def __init__(self, cfg: Any, device: torch.device, offload: bool):
-        super().__init__(cfg, device, offload)
+    def __init__(self, cfg: ModelSourceConfig, context: SourceContext):
+        super().__init__(cfg, context)
         self.model = self.processor = None
         self.resident = False  # True while the model sits on the scoring device (between calls: offload off)
         self.n_loads = self.n_offloads = 0  # moves to the device / back to CPU memory
@@ -174,6 +257,10 @@ class ModelSource(RewardSource):
         if not cfg.path:
             raise ConfigError(f"{key}.path: empty; a {cfg.kind} source needs its model folder")
         check_model_folder(cfg.path, f"{key}.path")
+
+    @classmethod
+    def describe(cls, cfg: ModelSourceConfig) -> str:
+        return f"{cls.kind} {cfg.path}".strip()
 
     @property
     def parameter_device(self) -> torch.device:
@@ -203,12 +290,12 @@ class ModelSource(RewardSource):
         raise NotImplementedError
 
 
-@source_kind("srm")
+@source_kind(SRMSourceConfig)
 class ScalarRMSource(ModelSource):
     """A scalar reward model (``ScalarRewardModel.save_pretrained`` folder): one value per response."""
 
-    def __init__(self, cfg: Any, device: torch.device, offload: bool):
-        super().__init__(cfg, device, offload)
+    def __init__(self, cfg: SRMSourceConfig, context: SourceContext):
+        super().__init__(cfg, context)
         self.model = ScalarRewardModel.from_pretrained(cfg.path).eval().requires_grad_(False)
         self.processor = load_processor(cfg.path)
 
@@ -218,13 +305,13 @@ class ScalarRMSource(ModelSource):
         return Scores(score_responses(self.model, self.processor, items, c.micro_batch_size, c.max_length, self.device))
 
 
-@source_kind("grm")
+@source_kind(GRMSourceConfig)
 class JudgeSource(ModelSource):
     """A generative judge: ``judge_mode: pointwise`` judges each response (its verdict parsed into a
     reward), ``pairwise`` compares responses (``reward_models.pairwise``); unparsable judgments are counted."""
 
-    def __init__(self, cfg: Any, device: torch.device, offload: bool):
-        super().__init__(cfg, device, offload)
+    def __init__(self, cfg: GRMSourceConfig, context: SourceContext):
+        super().__init__(cfg, context)
         self.grm = GenerativeRewardModel.from_pretrained(
             cfg.path,
             template=cfg.judge_template,

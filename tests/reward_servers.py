@@ -19,8 +19,8 @@ from aiohttp import web
 from launch import subprocess_env
 
 from data_pipelines.synthetic import make_prompt_records
-from reward_models.pool import RewardSourceConfig
-from reward_models.sources import check_source
+from reward_models.kinds import check_source
+from reward_models.kinds import source_config as RewardSourceConfig  # flat keys -> the kind's config
 
 REPO = Path(__file__).resolve().parents[1]
 

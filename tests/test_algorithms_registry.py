@@ -14,7 +14,8 @@ from vlrft.algorithms import (
     register_advantage_estimator,
     register_policy_loss,
 )
-from vlrft.config import ConfigError, describe, load_config
+from vlrft.config import ConfigError, load_config
+from vlrft.config_help import describe
 from vlrft.trainer.config import PolicyTrainConfig
 from vlrft.trainer.preflight import preflight_policy
 

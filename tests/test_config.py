@@ -6,7 +6,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from vlrft.config import ConfigError, describe, load_config, option, save_config
+from vlrft.config import ConfigError, load_config, option, save_config
+from vlrft.config_help import describe
 
 
 @dataclass

@@ -12,7 +12,8 @@ import pytest
 
 from data_pipelines.errors import DataError
 from data_pipelines.records import PromptRecord
-from reward_models.pool import RewardPool, RewardPoolConfig, RewardSourceConfig, RewardSourceError
+from reward_models.pool import RewardPool, RewardPoolConfig, RewardSourceError
+from reward_models.sources import VerifierSourceConfig as RewardSourceConfig
 from vlrft.cli import KNOWN_FAILURES, known_failure, main
 from vlrft.config import ConfigError, load_config
 from vlrft.errors import KnownError, Preempted

@@ -11,7 +11,8 @@ import pytest
 
 from reward_models.config import RewardModelTrainConfig
 from vlrft.cli import main
-from vlrft.config import ConfigError, describe, load_config
+from vlrft.config import ConfigError, load_config
+from vlrft.config_help import describe
 from vlrft.trainer.config import PolicyTrainConfig
 from vlrft.trainer.preflight import preflight_policy
 

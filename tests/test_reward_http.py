@@ -24,10 +24,10 @@ from reward_servers import LocalServer, Served, colour_samples, source_cfg
 from safetensors.torch import load_file
 
 from data_pipelines.synthetic import make_prompt_records
+from reward_models.kinds import make_source
 from reward_models.pool import RewardPool, RewardPoolConfig, RewardSourceError
 from reward_models.remote import sample_json
 from reward_models.samples import samples_of
-from reward_models.sources import make_source
 from vlrft.cli import main
 from vlrft.config import ConfigError, load_config
 from vlrft.trainer.config import PolicyTrainConfig

@@ -25,8 +25,8 @@ from data_pipelines.images import load_image, png_data_uri
 from data_pipelines.records import PromptRecord
 from data_pipelines.synthetic import make_prompt_records
 from reward_models.generative import parse_judgment
+from reward_models.kinds import make_source
 from reward_models.samples import samples_of
-from reward_models.sources import make_source
 
 CPU = torch.device("cpu")
 

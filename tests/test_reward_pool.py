@@ -13,7 +13,7 @@ from data_pipelines.synthetic import make_prompt_records
 from reward_models.pool import PoolOutput, RewardPool, RewardPoolConfig, RewardSourceError, combine
 from reward_models.scalar import ScalarRewardModel, score_responses
 from vlrft.config import ConfigError, load_config
-from vlrft.models.cpu_matmul import OneDNNLinear, onednn_available
+from vlrft.models.cpu_matmul import OneDNNLinear, onednn_available, use_onednn_linears
 from vlrft.models.loading import load_processor
 
 
@@ -159,7 +159,7 @@ def test_verifier_options_and_per_sample_extra_reach_the_verifier():
 
 @pytest.mark.skipif(not onednn_available(), reason="this PyTorch has no oneDNN float32 linear kernel")
 def test_the_pools_models_compute_by_onednn_when_the_policy_does(srm_dir):
-    """``RewardPool(onednn=True)`` (the trainer passes ``strategy.cpu_matmul``'s choice): the scalar RM's linear
+    """``RewardPool(prepare_model=...)`` (the trainer passes ``strategy.compute_like_policy``): the scalar RM's linear
     layers compute by oneDNN on the CPU, and its scores are MKL's within 1e-5 (the same float32 model through
     reordered sums: a few ulps of scores of order 1; tests/test_cpu_matmul.py bounds the products)."""
     cfg = load_config(
@@ -168,7 +168,7 @@ def test_the_pools_models_compute_by_onednn_when_the_policy_does(srm_dir):
     records, responses = _batch()
     scores = {}
     for onednn in (False, True):
-        pool = RewardPool(cfg, onednn=onednn)
+        pool = RewardPool(cfg, prepare_model=use_onednn_linears if onednn else None)
         layers = sum(isinstance(m, OneDNNLinear) for m in pool.sources["srm"].model.modules())
         assert (layers > 0) == onednn
         scores[onednn] = pool.score(records, responses).per_source["srm"]

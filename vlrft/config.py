@@ -51,6 +51,7 @@ def option(
     finite: bool = False,
     why: str = "",
     reads: bool = False,
+    union: Any = None,
     **kwargs,
 ):
     """A dataclass field with help text, optional allowed values (a tuple, or a registry dict whose names
@@ -58,12 +59,16 @@ def option(
     (``gt``/``ge``/``lt``/``le`` bounds; ``finite``: no NaN or infinity), all checked by :func:`load_config`.
     ``why`` ends the range error (``"for training"``). ``None`` values of optional fields pass. ``reads``: the
     value may name a file or folder the run reads (:func:`input_paths`; ``train.overwrite`` never clears it).
+    ``union``: the field (typed ``Any``, or ``list[Any]`` for a list of them) holds one of several dataclasses
+    chosen by a tag key (a :class:`vlrft.config_union.TaggedUnion`: the reward sources' ``kind``).
 
     Mutable defaults (lists, dicts, dataclass instances) are wrapped in a default factory.
     """
     metadata: dict[str, Any] = {"help": help}
     if reads:
         metadata["reads"] = True
+    if union is not None:
+        metadata["union"] = union
     if choices is not None:  # a registry (name -> entry) stays live: a name registered later is accepted
         metadata["choices"] = choices.keys() if isinstance(choices, Mapping) else tuple(choices)
     bounds = {k: v for k, v in (("gt", gt), ("ge", ge), ("lt", lt), ("le", le)) if v is not None}
@@ -97,12 +102,15 @@ REPLACED_KEYS = {
 }
 
 
-def _explain(exc: OmegaConfBaseException, schema: type, source: str) -> ConfigError:
+def explain(exc: OmegaConfBaseException, schema: type, source: str, prefix: str = "") -> ConfigError:
+    """OmegaConf's error on merging into ``schema`` as one line naming ``source`` and the dotted key (``prefix``:
+    where ``schema`` sits in the whole config, e.g. ``reward.sources[0].``)."""
     key = getattr(exc, "full_key", None) or "?"
     if key in REPLACED_KEYS:
         return ConfigError(f"{source}: config key '{key}' is gone; {REPLACED_KEYS[key]}")
+    known = _known_keys(schema, key)
+    key = prefix + key
     if isinstance(exc, ConfigKeyError) or "not in" in str(exc):
-        known = _known_keys(schema, key)
         leaf = key.rsplit(".", 1)[-1]
         close = difflib.get_close_matches(leaf, known, n=1)
         hint = f"; did you mean '{close[0]}'?" if close else ""
@@ -171,8 +179,10 @@ def load_config(
 
     Returns an instance of ``schema``. Raises :class:`ConfigError` naming the key, its source and
     what was expected for unknown keys, wrong types, disallowed values and failed ``validate()`` checks.
+    Union fields (``option(union=...)``) merge as plain data and are built into their variants at the end.
     """
-    cfg = OmegaConf.structured(schema)
+    cfg = _unions_as_data(OmegaConf.structured(schema), schema)
+    origins: dict[str, str] = {}  # dotted key -> the file or override that set it last (the unions' errors)
     for path in [] if path is None else path if isinstance(path, (list, tuple)) else [path]:
         path = Path(path)
         if path.is_dir():
@@ -188,22 +198,25 @@ def load_config(
             raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
         if not isinstance(loaded, type(OmegaConf.create({}))):
             raise ConfigError(f"{path}: the top level must be a mapping of config keys")
-        _check_sections(OmegaConf.to_container(loaded), schema, str(path))
+        content = OmegaConf.to_container(loaded)
+        _check_sections(content, schema, str(path))
         try:
             cfg = OmegaConf.merge(cfg, loaded)
         except OmegaConfBaseException as exc:
-            raise _explain(exc, schema, str(path)) from exc
+            raise explain(exc, schema, str(path)) from exc
+        origins.update(dict.fromkeys(dotted_keys(content), str(path)))
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"command-line override {item!r} must look like key.sub=value")
         key, text = item.split("=", 1)
+        origins[key.strip()] = f"command-line override {item!r}"
         typ = _field_type(schema, key.strip())
         if typ in TYPED_OVERRIDES:
             value = TYPED_OVERRIDES[typ](key.strip(), text)
             try:
                 cfg = OmegaConf.merge(cfg, OmegaConf.create(_nested(key, value)))
             except OmegaConfBaseException as exc:
-                raise _explain(exc, schema, f"command-line override {item!r}") from exc
+                raise explain(exc, schema, f"command-line override {item!r}") from exc
             continue
         try:  # a key inside a list or dict, or an Optional/list/dict field: read as YAML (OmegaConf)
             dotted = OmegaConf.from_dotlist([item])
@@ -216,14 +229,49 @@ def load_config(
                 cfg = _merge_plain_string(cfg, item)
             except OmegaConfBaseException:
                 if isinstance(exc, OmegaConfBaseException):
-                    raise _explain(exc, schema, f"command-line override {item!r}") from exc
+                    raise explain(exc, schema, f"command-line override {item!r}") from exc
                 raise ConfigError(f"command-line override {item!r}: {str(exc).splitlines()[0]}") from exc
     try:
         obj = OmegaConf.to_object(cfg)
     except OmegaConfBaseException as exc:  # e.g. a required value still missing
-        raise _explain(exc, schema, "config") from exc
+        raise explain(exc, schema, "config") from exc
+    _build_unions(obj, origins)
     _check_choices(obj)
     return obj
+
+
+def _unions_as_data(cfg: Any, schema: type, prefix: str = "") -> Any:
+    """``cfg`` with every union field's default as plain data (its tag and the keys it sets), for OmegaConf
+    to merge files and overrides into without a schema: a variant is chosen only once merging is done."""
+    hints = typing.get_type_hints(schema)
+    for f in dataclasses.fields(schema):
+        key, union = f"{prefix}{f.name}", f.metadata.get("union")
+        if union is not None:
+            node = OmegaConf.select(cfg, key)
+            value = OmegaConf.to_object(node) if OmegaConf.is_config(node) else node
+            OmegaConf.update(cfg, key, union.as_data(value), merge=False)
+        elif dataclasses.is_dataclass(hints[f.name]):
+            _unions_as_data(cfg, hints[f.name], key + ".")
+    return cfg
+
+
+def _build_unions(obj: Any, origins: dict[str, str], prefix: str = "") -> None:
+    """Build, in place, each union field's merged data into its variant (``union.build``); an error names the
+    file or override that set the key (``origins``, the nearest enclosing key that has one)."""
+
+    def origin(key: str) -> str:
+        parts = re.split(r"(?=[.[])", key)  # reward.sources[0].path -> reward, .sources, [0], .path
+        found = (origins.get("".join(parts[:n])) for n in range(len(parts), 0, -1))
+        return next((where for where in found if where), "config")
+
+    for f in dataclasses.fields(obj):
+        value, key, union = getattr(obj, f.name), f"{prefix}{f.name}", f.metadata.get("union")
+        if union is not None and isinstance(value, list):
+            setattr(obj, f.name, [union.build(item, f"{key}[{i}]", origin) for i, item in enumerate(value)])
+        elif union is not None:
+            setattr(obj, f.name, union.build(value, key, origin))
+        elif dataclasses.is_dataclass(value):
+            _build_unions(value, origins, key + ".")
 
 
 def _check_sections(node: Any, schema: type, source: str, prefix: str = "") -> None:
@@ -258,13 +306,21 @@ def _merge_plain_string(cfg: Any, item: str) -> Any:
 
 
 def _field_type(schema: type, dotted: str) -> Any:
-    """The declared type of the field at ``dotted`` (walking the dataclass sections), or ``None`` when the key
-    is unknown or lies inside a list or dict (``reward.sources``, ``data.synthetic_options.x``)."""
+    """The declared type of the field at ``dotted`` (walking the dataclass sections; a key of a union value, such
+    as ``source.path``, as its variants declare it), or ``None`` when the key is unknown or lies inside a list
+    or dict (``reward.sources.0.weight``, ``data.synthetic_options.x``)."""
     node: Any = schema
+    union = None
     for part in dotted.split("."):
+        if union is not None:
+            node, union = union.field_type(part), None
+            continue
         if not dataclasses.is_dataclass(node):
             return None
-        node = typing.get_type_hints(node).get(part)
+        field = next((f for f in dataclasses.fields(node) if f.name == part), None)
+        if field is None:
+            return None
+        node, union = typing.get_type_hints(node)[part], field.metadata.get("union")
     return node
 
 
@@ -349,69 +405,11 @@ def save_config(cfg: Any, out_dir: str | Path, name: str = "config.yaml") -> Pat
     return path
 
 
-def _field_default(f: dataclasses.Field) -> Any:
-    if f.default is not dataclasses.MISSING:
-        return f.default
-    if f.default_factory is not dataclasses.MISSING:
-        return f.default_factory()
-    return dataclasses.MISSING
-
-
-def shown_value(value: Any) -> Any:
-    """A config value as ``--help`` shows it: plain Python (``ast.literal_eval`` reads its ``repr`` back), a
-    dataclass item of a list (a reward source) as a dict of the fields that differ from their defaults."""
-    if isinstance(value, list):
-        return [shown_value(v) for v in value]
-    if isinstance(value, dict):
-        return {k: shown_value(v) for k, v in value.items()}
-    if dataclasses.is_dataclass(value):
-        return {
-            f.name: shown_value(getattr(value, f.name))
-            for f in dataclasses.fields(value)
-            if getattr(value, f.name) != _field_default(f)
-        }
-    return value
-
-
-def file_keys(path: str | Path) -> set[str]:
-    """The dotted config keys a YAML file sets (a mapping under a key counts for the key and its children;
-    a list is one value)."""
-    keys: set[str] = set()
-
-    def walk(node: Any, prefix: str) -> None:
-        for k, v in node.items():
-            keys.add(prefix + str(k))
-            if isinstance(v, dict):
-                walk(v, f"{prefix}{k}.")
-
-    loaded = OmegaConf.to_container(OmegaConf.load(path))
-    walk(loaded if isinstance(loaded, dict) else {}, "")
+def dotted_keys(node: Any, prefix: str = "") -> list[str]:
+    """The dotted keys a mapping sets (a mapping under a key counts for the key and its children; a list is one
+    value)."""
+    keys = []
+    for k, v in node.items() if isinstance(node, dict) else ():
+        keys.append(prefix + str(k))
+        keys.extend(dotted_keys(v, f"{prefix}{k}."))
     return keys
-
-
-def describe(
-    schema: type, prefix: str = "", *, values: Any = None, marked: set[str] | frozenset = frozenset(), mark: str = ""
-) -> list[str]:
-    """One line per config key: dotted name, type, allowed values, default and help.
-
-    The default shown is ``values``'s (a resolved config of ``schema``, e.g. the embedded default a run
-    without CONFIG starts from) or, without ``values``, the schema's; keys in ``marked`` get `` [mark]``
-    after it."""
-    lines = []
-    hints = typing.get_type_hints(schema)
-    for f in dataclasses.fields(schema):
-        key = f"{prefix}{f.name}"
-        typ = hints[f.name]
-        value = _field_default(f) if values is None else getattr(values, f.name)
-        if dataclasses.is_dataclass(typ):
-            lines.append(f"{key}: {f.metadata.get('help', '')}".rstrip())
-            lines.extend(describe(typ, key + ".", values=None if values is None else value, marked=marked, mark=mark))
-            continue
-        default = "(required)" if value is dataclasses.MISSING else repr(shown_value(value))
-        default += f" [{mark}]" if key in marked else ""
-        tname = getattr(typ, "__name__", str(typ).replace("typing.", ""))
-        choices = f.metadata.get("choices")
-        extra = f" {{{', '.join(map(str, choices))}}}" if choices else ""
-        extra += f", {range_rule(f.metadata)}" if range_rule(f.metadata) else ""
-        lines.append(f"  {key} ({tname}{extra}, default {default}): {f.metadata.get('help', '')}")
-    return lines

@@ -8,7 +8,8 @@ import importlib
 from pathlib import Path
 from typing import Any, Callable
 
-from vlrft.config import ConfigError, describe, file_keys, input_paths, load_config, to_yaml
+from vlrft.config import ConfigError, input_paths, load_config, to_yaml
+from vlrft.config_help import describe, file_keys
 from vlrft.run_folder import check_clearable
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # where vlrft/ lies: embedded files are named from here

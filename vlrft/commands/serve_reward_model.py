@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     import os
     import sys
 
-    from reward_models.serve import RewardServer, ServeConfig, build_source, serve
+    from reward_models.serve import RewardServer, ServeConfig, serve
     from vlrft.config import ConfigError
 
     for flag, value, low in (
@@ -90,9 +90,9 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
             flush=True,
         )
-    source = build_source(cfg.source, args.device)
     server = RewardServer(
-        source,
+        cfg.source,
+        args.device,
         args.max_batch_size,
         args.batch_window_ms / 1000,
         args.num_threads,

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from reward_models.pool import RewardPoolConfig, RewardSourceConfig
+from reward_models.pool import RewardPoolConfig
+from reward_models.sources import VerifierSourceConfig
 from vlrft.algorithms import (
     ADVANTAGE_ESTIMATORS,
     KL_ESTIMATORS,
@@ -21,19 +22,16 @@ from vlrft.algorithms import (
 )
 from vlrft.algorithms.rollout_correction import ROLLOUT_CORRECTIONS
 from vlrft.config import ConfigError, option
-from vlrft.loop import DataSourceConfig, RunConfig
 from vlrft.micro_batching import micro_batch_tokens_option
 from vlrft.models.loading import ModelConfig
-from vlrft.rollout.hf_engine import HFEngineConfig
-from vlrft.rollout.vllm_engine import VLLMConfig
-from vlrft.strategies.base import OptimConfig, StrategyConfig
+from vlrft.rollout.config import RolloutConfig
+from vlrft.run_config import DataSourceConfig, RunConfig
+from vlrft.strategies.config import OptimConfig, StrategyConfig
 from vlrft.tools import ToolsConfig
 from vlrft.tracking import LoggingConfig
 
 # The embedded default: one rule verifier that reads the answer word of a synthetic task's response.
-DEFAULT_REWARD = RewardPoolConfig(
-    sources=[RewardSourceConfig(name="accuracy", kind="verifier", verifier="vocab_answer")]
-)
+DEFAULT_REWARD = RewardPoolConfig(sources=[VerifierSourceConfig(name="accuracy", verifier="vocab_answer")])
 
 
 PolicyModelConfig = ModelConfig  # the policy's model section (vlrft.models.loading)
@@ -66,30 +64,6 @@ class PolicyDataConfig(DataSourceConfig):
     )
     max_prompt_length: int = option(2048, "longer prompts (image tokens included) are filtered, counted", ge=1)
     column_map: dict = option({}, "source column -> record field, e.g. {problem: prompt}")
-
-
-@dataclass
-class RolloutConfig:
-    """Sampling of responses."""
-
-    engine: str = option(
-        "hf",
-        "rollout engine (hf: batched generate on the policy itself; vllm: a colocated vLLM engine, "
-        "weights synced after each update, see docs/train-policy.md)",
-        choices=("hf", "vllm"),
-    )
-    vllm: VLLMConfig = option(VLLMConfig(), "the vLLM engine (rollout.engine=vllm)")
-    hf: HFEngineConfig = option(HFEngineConfig(), "the hf engine (rollout.engine=hf)")
-    rollout_batch_size: int = option(16, "prompts per RL step (global, over all ranks)", ge=1)
-    n_samples_per_prompt: int = option(8, "responses sampled per prompt (the group size)", ge=1)
-    micro_rollout_batch_size: int = option(16, "prompts per generate call per rank", ge=1)
-    temperature: float = option(
-        1.0, "sampling temperature (> 0: greedy groups are identical and give no gradient)", gt=0, why="for training"
-    )
-    top_p: float = option(1.0, "nucleus sampling threshold", gt=0, le=1)
-    top_k: int = option(0, "top-k filtering (0: off)", ge=0)
-    max_new_tokens: int = option(16, "response length limit", ge=1)
-    stop: list = option([], "stop strings (kept in the response)")
 
 
 @dataclass

@@ -27,8 +27,8 @@ from data_pipelines.readers import SkipReport, read_records
 from data_pipelines.records import JudgmentRecord, PromptRecord
 from data_pipelines.synthetic import check_options, synthetic_task
 from reward_models.config import RewardModelTrainConfig
+from reward_models.kinds import SOURCE_KINDS, check_source
 from reward_models.pool import RewardPoolConfig
-from reward_models.sources import SOURCE_KINDS, check_source
 from vlrft.archs import VL_ARCHS
 from vlrft.config import ConfigError
 from vlrft.models.loading import PROCESSOR_FILES, TOKENIZER_FILES, check_model_folder, path_like  # noqa: F401
