@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -28,7 +29,8 @@ from eval.metrics import summarize
 from eval.report import write_report
 from reward_models.verifiers import Verifier, get_verifier
 from vlrft.errors import RunFolderError
-from vlrft.rollout import make_engine
+from vlrft.rollout import RolloutConfig, SamplingParams, make_engine
+from vlrft.rollout.trajectories import turn_log
 
 logger = logging.getLogger("eval")
 SAMPLES, METRICS, REPORT, RUN = "samples.jsonl", "metrics.json", "report.html", "run.json"
@@ -40,12 +42,6 @@ def image_refs(record: PromptRecord) -> list[str]:
         im if isinstance(im, str) and not im.startswith("data:") else f"<embedded image {i}>"
         for i, im in enumerate(record.images)
     ]
-
-
-def turn_log(trajectory: Any) -> dict[str, Any]:
-    """A trajectory as samples.jsonl keeps it: its turns (text, calls, observations with their image counts) and
-    its calls and failed calls counted."""
-    return {"turns": trajectory.turns, "tool_calls": trajectory.calls, "tool_errors": trajectory.errors}
 
 
 def score_problem(
@@ -216,6 +212,7 @@ def evaluate(
     engine: Any = None,
     run_info: dict[str, Any] | None = None,
     trajectories: Any = None,
+    uncounted: int = 0,
 ) -> dict[str, Any]:
     """Evaluate ``model`` on ``records`` of ``benchmark``; returns the metrics (see ``eval.metrics.summarize``).
 
@@ -226,11 +223,20 @@ def evaluate(
     ``model``). Images not loaded yet are loaded by ``data_pipelines.images.load_image(**image_kwargs)``
     (default: the processor's own pixel bounds). ``trajectories``: a ``vlrft.rollout.trajectories.TrajectoryRunner``
     on that engine, for multi-turn rollouts with tools (the report shows each turn with the images tools returned).
+    ``uncounted``: the last that many records are padding (``vlrft.sampling.share_over_ranks``: the ranks of a
+    sharded model generate in lockstep), generated like the others but left out of the metrics and the report; with
+    nothing counted the metrics are ``{"num_problems": 0}``.
     """
 
     bench = get_benchmark(benchmark)
+    counted = len(records) - uncounted
+    if uncounted:  # padding copies get ids of their own (ids are unique: resuming relies on them)
+        records = [
+            *records[:counted],
+            *(replace(r, id=f"{r.id}#uncounted{i}") for i, r in enumerate(records[counted:])),
+        ]
     if engine is None:
-        engine = make_engine("hf", model, processor_or_tokenizer, micro_batch_size=batch_size)
+        engine = make_engine(RolloutConfig.on_model(micro_batch_size=batch_size), model, processor_or_tokenizer)
     verifier = get_verifier(bench.verifier)
     if n < 1 or batch_size < 1:
         raise ValueError(f"need n >= 1 and batch_size >= 1, got n={n}, batch_size={batch_size}")
@@ -261,6 +267,7 @@ def evaluate(
             logger.info("%s: resuming, %d of %d problems already done", out, len(done), len(records))
         samples_file = open(out / SAMPLES, "ab")
     batches = [list(records[i : i + batch_size]) for i in range(0, len(records), batch_size)]
+    sampling = SamplingParams(n=n, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens)
     turn_images: dict[tuple[str, int], list[Any]] = {}
     bar = None
     if progress:
@@ -270,16 +277,16 @@ def evaluate(
             todo = [r for r in batch if r.id not in done]
             if not todo:
                 continue
-            sampling = dict(n=n, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed + index)
             gens = generate_with_engine(
                 engine,
                 processor_or_tokenizer,
                 todo,
+                sampling,
+                seed=seed + index,
                 system_prompt=system_prompt,
                 prompt_template=bench.prompt_template,
                 image_kwargs=image_kwargs,
                 trajectories=trajectories,
-                **sampling,
             )
             for r, g in zip(todo, gens):  # the images tools returned, for the report (not kept in samples.jsonl)
                 for k, gen in enumerate(g):
@@ -300,7 +307,9 @@ def evaluate(
             samples_file.close()
         if bar is not None:
             bar.close()
-    rows = [done[i] for i in ids]
+    rows = [done[i] for i in ids[:counted]]
+    if not rows:
+        return {"num_problems": 0}
     metrics = {
         "benchmark": bench.name,
         "verifier": getattr(bench.verifier, "name", bench.verifier),
@@ -313,7 +322,7 @@ def evaluate(
                 Path(out_dir) / REPORT,
                 metrics,
                 rows,
-                records,
+                records[:counted],
                 title=f"{bench.name}: {settings.get('model', '')}",
                 turn_images=turn_images,
             )

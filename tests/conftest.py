@@ -90,8 +90,8 @@ def trained_judge(tiny_model, tmp_path_factory):
     from data_pipelines.formatting import pointwise_judgment_record
     from data_pipelines.synthetic import make_prompt_records
     from reward_models.config import RewardModelTrainConfig
-    from reward_models.trainer import train_reward_model
     from vlrft.config import load_config
+    from vlrft.trainer.reward_model_run import train_reward_model
 
     cache: dict[tuple, Path] = {}
 
@@ -131,8 +131,8 @@ def always_a_judge(tiny_model, tmp_path_factory) -> Path:
     from data_pipelines.formatting import pairwise_judgment_record
     from data_pipelines.synthetic import make_prompt_records
     from reward_models.config import RewardModelTrainConfig
-    from reward_models.trainer import train_reward_model
     from vlrft.config import load_config
+    from vlrft.trainer.reward_model_run import train_reward_model
 
     out = tmp_path_factory.mktemp("pairwise") / "judge"
     prompts = make_prompt_records("color", 16, seed=3, num_colors=2)

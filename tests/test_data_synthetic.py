@@ -8,6 +8,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
+from data_pipelines.drawing import COLORS, SHAPES
 from data_pipelines.formatting import (
     JUDGE_SYSTEM_PROMPT,
     PAIRWISE_JUDGE_SYSTEM_PROMPT,
@@ -16,8 +17,6 @@ from data_pipelines.formatting import (
 )
 from data_pipelines.readers import read_records
 from data_pipelines.synthetic import (
-    COLORS,
-    SHAPES,
     make_judgment_records,
     make_preference_pairs,
     make_prompt_records,
@@ -153,7 +152,7 @@ def test_triangle_angle_answer_is_180_minus_the_labelled_angles():
 def test_triangle_geometry_has_the_stated_angles():
     import random
 
-    from data_pipelines.synthetic import _triangle
+    from data_pipelines.drawing import triangle_vertices as _triangle
 
     for angles in ([30, 60, 90], [20, 20, 140], [71, 52, 57]):
         v = _triangle(angles, 224, random.Random(0))
@@ -248,7 +247,7 @@ def test_mark_color_without_the_cue_hides_where_the_mark_is_once_shrunk():
     one. The mark itself is the same checkerboard, at the same place, for the same seed."""
     from PIL import Image
 
-    from data_pipelines.synthetic import QUADRANTS
+    from data_pipelines.synthetic_tasks import QUADRANTS
 
     records = {cue: make_prompt_records("mark_color", 4, seed=0, image_size=256, cue=cue) for cue in (True, False)}
     for cue, rows in records.items():

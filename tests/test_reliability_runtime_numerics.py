@@ -16,12 +16,12 @@ from safetensors.torch import load_file
 from transformers import AutoModelForImageTextToText
 
 from reward_models.config import RewardModelTrainConfig
-from reward_models.trainer import train_reward_model
 from vlrft.config import load_config
 from vlrft.errors import KnownError, NonFiniteError, RunFolderError
 from vlrft.nonfinite import NonFiniteGuard
 from vlrft.strategies import OptimConfig, StrategyConfig, make_strategy
 from vlrft.trainer.config import PolicyTrainConfig
+from vlrft.trainer.reward_model_run import train_reward_model
 from vlrft.trainer.run import train_policy
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "dist"))
@@ -103,7 +103,7 @@ def test_any_nonfinite_finds_nan_and_infinities_and_only_them():
     """``any_nonfinite`` (the weights' check after each step and before each write): a NaN, +inf or -inf element in
     any tensor of a list is found, in float32 and bf16 and in a tensor of one element; tensors whose absolute sum
     overflows (3e38 + 3e38 in float32) while every element is finite are not flagged; empty tensors are skipped."""
-    from vlrft.strategies.base import any_nonfinite
+    from vlrft.strategies.numerics import any_nonfinite
 
     g = torch.Generator().manual_seed(0)
     finite = [torch.randn(5, 7, generator=g), torch.randn(3, generator=g).bfloat16(), torch.zeros(0), torch.ones(1)]

@@ -17,8 +17,9 @@ import pytest
 import torch
 from PIL import Image
 
+from data_pipelines.drawing import COLORS
 from data_pipelines.preference_benchmarks import TIE_CREDIT, read_preference_benchmark
-from data_pipelines.synthetic import COLORS, make_preference_pairs
+from data_pipelines.synthetic import make_preference_pairs
 from data_pipelines.writers import write_records
 from eval.reward_benchmarks import benchmark_metrics, evaluate_benchmark
 from reward_models.judgments import (

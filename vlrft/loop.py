@@ -1,4 +1,5 @@
-"""The one run driver of every trainer (policy, SFT, DPO, scalar reward model, judge), and its config section.
+"""The one run driver of every trainer (policy, SFT, DPO, scalar reward model, judge); its config sections are in
+``vlrft.run_config``.
 
 A trainer is a plug-in (:class:`Trainer`): ``step(i) -> metrics`` does optimizer step ``i`` (its data, its
 loss, its collectives), ``evaluate() -> metrics`` measures held-out data, ``state_dict()`` /
@@ -28,109 +29,27 @@ import signal
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import torch
-from omegaconf import OmegaConf
 
 from data_pipelines.synthetic import synthetic_task
 from vlrft import checkpoints
-from vlrft.config import ConfigError, input_paths, option, save_config
+from vlrft.config import ConfigError, input_paths, save_config
 from vlrft.errors import Preempted
 from vlrft.liveness import watch_ranks
 from vlrft.models.tiny import initial_model_path
 from vlrft.nonfinite import NonFiniteGuard
-from vlrft.run_folder import resuming, run_in_folder
+from vlrft.run_config import resume_changes
+from vlrft.run_folder import run_in_folder
 from vlrft.strategies import make_strategy, rng_state, seed_everything, set_rng_state
 from vlrft.summary import summary_json, write_summary
 from vlrft.tracking import Tracker, truncate_run_logs
 
-# what may differ between a run and its resumption without train.resume_changes=allow (prefixes end in '.')
-RESUMABLE_CHANGES = (
-    "train.max_steps",
-    "train.num_episodes",
-    "train.eval_every",
-    "train.save_every",
-    "train.keep_last",
-    "train.log_every",
-    "train.resume",
-    "train.resume_changes",
-    "train.overwrite",
-    "train.preempt_signals",
-    "train.max_nonfinite_steps",
-    "train.eval_batch_size",
-    "train.eval_max_new_tokens",
-    "train.max_eval_records",
-    "train.log_samples",
-    "train.probe_every",
-    "train.probe_records",
-    "logging.",
-    "strategy.timeout_s",
-    "strategy.heartbeat_timeout_s",
-)
 CHECKPOINTS = "checkpoints"
 FINAL = "final"
 PREEMPTED = "PREEMPTED"  # written by a run stopped by a preemption signal, removed when the run continues
-
-
-@dataclass
-class RunConfig:
-    """The run fields of every trainer's ``train`` section: one meaning and one range each."""
-
-    output_dir: str = option("runs/run", "run folder: config, metrics, checkpoints, final model, summary.json")
-    max_steps: int = option(60, "optimizer steps (0: num_episodes passes over the training records)", ge=0)
-    num_episodes: int = option(1, "passes over the training records when max_steps is 0", ge=1)
-    eval_every: int = option(0, "held-out evaluation every N steps besides before and after (0: only those)", ge=0)
-    save_every: int = option(0, "checkpoint every N steps besides the last (0: only the last)", ge=0)
-    keep_last: int = option(2, "complete checkpoints of this run kept (older ones deleted)", ge=1)
-    resume: str = option("auto", "auto: newest complete checkpoint in output_dir; never; or a checkpoint path")
-    overwrite: bool = option(False, "clear output_dir first when it holds another run's outputs (else refused)")
-    log_every: int = option(1, "training metrics logged every N steps (averaged over them)", ge=1)
-    max_nonfinite_steps: int = option(5, "stop after this many consecutive steps skipped for NaN/inf values", ge=1)
-    seed: int = option(0, "seed of data order and sampling")
-    resume_changes: str = option(
-        "refuse",
-        "a resumed run whose config differs from the run's config.yaml beyond the keys that may change "
-        "(RESUMABLE_CHANGES: steps, cadence, logging): refuse, or allow (the new values are used from that step)",
-        choices=("refuse", "allow"),
-    )
-    preempt_signals: str = option(
-        "SIGTERM,SIGUSR1",
-        "signals that stop the run after its current step with a complete checkpoint (exit code 75; the same "
-        "command continues it); empty: none",
-    )
-
-    def validate(self) -> None:
-        if not self.output_dir.strip():  # "" would be the current directory (an unset shell variable)
-            raise ValueError(
-                f"output_dir={self.output_dir!r} is empty; name the run folder (is a shell variable unset?)"
-            )
-
-
-@dataclass
-class DataSourceConfig:
-    """The data fields of every trainer's ``data`` section (what the records are is the trainer's)."""
-
-    train_source: str = option(
-        "synthetic:color",
-        "training records: a file or folder (JSONL, JSON, Parquet, CSV, a datasets folder) or a hub id, or "
-        "synthetic:TASK (color, shape, count_shapes, triangle_angle) drawn with train.seed",
-        reads=True,
-    )
-    eval_source: str = option(
-        "synthetic:color",
-        "held-out records (the same forms; synthetic:TASK drawn with train.seed + 10000); empty: no held-out eval",
-        reads=True,
-    )
-    synthetic_train_size: int = option(1024, "records drawn for a synthetic train_source", ge=1)
-    synthetic_eval_size: int = option(64, "records drawn for a synthetic eval_source", ge=1)
-    synthetic_options: dict = option({}, "options of the synthetic task, e.g. {num_colors: 4, noise: 24}")
-    system_prompt: str = option("", "system prompt for records without one (empty: the chat template's)")
-    on_bad_record: str = option(
-        "error", "a bad record stops the run (error) or is counted and skipped", choices=("error", "skip")
-    )
 
 
 class Trainer:
@@ -381,46 +300,14 @@ def training_run(cfg: Any, command: str, preflight: Callable[[Any], Any] | None 
                 yield run
 
 
-def _leaves(node: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(node, dict):
-        out: dict[str, Any] = {}
-        for k, v in node.items():
-            out.update(_leaves(v, f"{prefix}{k}."))
-        return out
-    return {prefix.rstrip("."): node}
-
-
-def resume_changes(cfg: Any) -> list[tuple[str, Any, Any]]:
-    """What a run that will resume changes in its config: ``(key, old, new)`` for each key that differs from the
-    run folder's ``config.yaml`` (the config its checkpoints were made with), beyond :data:`RESUMABLE_CHANGES`.
-    Refused with the list (ConfigError) unless ``train.resume_changes=allow``; returned when allowed."""
-    t, out = cfg.train, Path(cfg.train.output_dir)
-    if not resuming(out, t.resume) or not (out / "config.yaml").is_file():
-        return []
-    old = _leaves(OmegaConf.to_container(OmegaConf.load(out / "config.yaml")))
-    new = _leaves(OmegaConf.to_container(OmegaConf.structured(cfg)))
-    changed = [
-        (k, old.get(k), new.get(k))
-        for k in sorted(set(old) | set(new))
-        if old.get(k) != new.get(k)
-        and not any(k == p or (p.endswith(".") and k.startswith(p)) for p in RESUMABLE_CHANGES)
-    ]
-    if changed and t.resume_changes != "allow":
-        listed = "; ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in changed)
-        raise ConfigError(
-            f"train.resume: the run in {out} was made with another config ({listed}); resume with its config, "
-            "or set train.resume_changes=allow to use the new values from the resumed step, or start a new run "
-            "(another train.output_dir, or train.resume=never with train.overwrite=true)"
-        )
-    return changed
-
-
 def apply_optim(strategy: Any, optim: Any) -> None:
     """The learning rate, betas, eps and weight decay of ``optim`` in a resumed optimizer (whose checkpoint carried
     the old ones) and its schedule; torch-native optimizers (single, FSDP2)."""
     opt, sched = strategy.optimizer, strategy.scheduler
     if not isinstance(opt, torch.optim.Optimizer) or not isinstance(sched, torch.optim.lr_scheduler.LambdaLR):
-        raise ConfigError("train.resume_changes=allow: optim.* cannot change on resume with this strategy (deepspeed)")
+        raise ConfigError(
+            f"train.resume_changes=allow: optim.* cannot change on resume with this strategy ({strategy.name})"
+        )
     sched.base_lrs = [optim.lr for _ in opt.param_groups]
     for group, factor in zip(opt.param_groups, sched.lr_lambdas):
         group.update(initial_lr=optim.lr, lr=optim.lr * factor(sched.last_epoch))

@@ -1,9 +1,15 @@
-"""Seeded data orders for both trainers: the order of an epoch is a pure function of (seed, epoch), so a
-resumed run continues the same order from its position alone (both trainers' bitwise-resume tests)."""
+"""Seeded data orders for every trainer: the order of an epoch is a pure function of (seed, epoch), so a
+resumed run continues the same order from its position alone (the trainers' bitwise-resume tests); and the one
+split of held-out records over ranks (:func:`share_over_ranks`)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import TypeVar
+
 import torch
+
+T = TypeVar("T")
 
 # Each trainer keeps the orders its runs and checkpoints were made with.
 POLICY_ORDER_STRIDE = 1_000_003  # prompt order of episode e: seed * 1_000_003 + e
@@ -43,3 +49,15 @@ class PromptStream:
             picked.append(self.records[self._order[1][offset]])
         self.cursor += count
         return picked
+
+
+def share_over_ranks(records: Sequence[T], rank: int, world: int) -> tuple[list[T], int]:
+    """This rank's share of held-out records, the one split every trainer's evaluation uses: records ``rank``,
+    ``rank + world``, ... (every record on exactly one rank), then copies of the first record until every rank's
+    share has the same length, ``ceil(len(records) / world)``, since sharded models (FSDP2, ZeRO-3) forward and
+    generate in lockstep. Returns ``(share, counted)``: the first ``counted`` items are this rank's records, the rest
+    padding, run but never counted in a metric (5 records on 2 ranks: rank 0 counts 3, rank 1 counts 2 and runs one
+    padding copy)."""
+    mine = list(records[rank::world])
+    per_rank = -(-len(records) // world)
+    return mine + [records[0] for _ in range(per_rank - len(mine))], len(mine)

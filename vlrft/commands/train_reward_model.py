@@ -24,7 +24,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(cfg: object) -> None:
-    from reward_models.trainer import train_reward_model
-    from vlrft.trainer.preflight import preflight_reward_model
+    from vlrft.trainer.reward_model_run import train_reward_model
 
-    train_reward_model(cfg, preflight=preflight_reward_model)  # model folder, data, output folder first
+    train_reward_model(cfg)  # its preflight first: model folder, data, output folder

@@ -15,20 +15,20 @@ import torch
 
 from data_pipelines.collate import EncodedPrompt, model_inputs
 from data_pipelines.records import PromptRecord
-from eval.runner import turn_log
 from vlrft.algorithms import (
     compute_advantages,
     entropy_from_logits,
     filter_zero_variance_groups,
     logprobs_from_logits,
 )
-from vlrft.models.group_forward import (
+from vlrft.models.packing import (
     sample_images,
     shared_forward_applies,
     shared_prompt_logits,
     shared_prompt_values,
 )
 from vlrft.rollout import Rollout
+from vlrft.rollout.trajectories import turn_log
 from vlrft.tracking import image_refs
 
 
@@ -158,7 +158,7 @@ def response_logprobs(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs ``[N, R]`` of ``response_ids`` under ``model`` (temperature as in sampling), and the
     token entropy ``[N, R]`` when asked. Positions past a response's end hold junk: mask them. ``shared``
-    (with the batch's ``prompt_index``): each prompt computed once per group (vlrft.models.group_forward).
+    (with the batch's ``prompt_index``): each prompt computed once per group (vlrft.models.packing).
     ``suppress``: token ids the engines never sample (``vlrft.rollout.base.vision_token_ids``); their logits
     are set to :data:`SUPPRESSED_LOGIT` so these are the log-probs (and entropy) of the distribution the
     engine sampled from, not of one that keeps mass on tokens no rollout can contain."""

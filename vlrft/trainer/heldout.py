@@ -1,7 +1,12 @@
 """Held-out evaluation during ``train-policy``: the eval harness (``eval.runner.evaluate``) run through the
-trainer's own rollout engine on each rank's share, its metrics averaged over ranks."""
+trainer's own rollout engine on each rank's share (``vlrft.sampling.share_over_ranks``: every record scored once),
+its metrics averaged over ranks. What it needs from the trainer comes through one method,
+``PolicyTrainer.heldout_context()``, never by reading the trainer's attributes."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -9,28 +14,39 @@ from data_pipelines.records import PromptRecord
 from eval.benchmarks import user_benchmark
 from eval.runner import evaluate
 from vlrft.rollout.trajectories import TrajectoryRunner
-from vlrft.strategies.base import mean_over_ranks
+from vlrft.sampling import share_over_ranks
+from vlrft.strategies.numerics import mean_over_ranks
 
 
-def heldout_eval(trainer, records: list[PromptRecord] | None = None) -> dict[str, float]:
+@dataclass
+class HeldoutContext:
+    """What held-out evaluation takes from a policy trainer: its strategy, processor and engine, the held-out
+    records, the accuracy verifier, the trajectory runners by metric prefix (``""``: the trained way, ``None`` for
+    single-turn; ``"withheld/"``: tools' answers withheld), and the run's config (``train.eval_*``, ``rollout``,
+    ``data``)."""
+
+    strategy: Any
+    processor: Any
+    engine: Any
+    records: list[PromptRecord]
+    verifier: str
+    runs: dict[str, TrajectoryRunner | None]
+    cfg: Any
+
+
+def heldout_eval(trainer: Any, records: list[PromptRecord] | None = None) -> dict[str, float]:
     """Held-out evaluation with the eval harness (``eval.runner.evaluate``) through the trainer's rollout
     engine: ``train.eval_n`` responses per prompt at ``train.eval_temperature``, scored by the accuracy
     source's verifier. Each rank evaluates its share; scalar metrics are averaged weighted by problems."""
-
-    cfg, s = trainer.cfg, trainer.strategy
-    records = trainer.eval_records if records is None else records
-    # sharded models generate in lockstep: every rank must make the same number of generate calls
-    records = records[: len(records) - len(records) % s.world_size]
-    mine = records[s.rank :: s.world_size]
-    bench = user_benchmark("heldout", trainer.accuracy_verifier, cfg.data.prompt_template)
-    runs = {"": trainer.trajectories}
-    if trainer.trajectories is not None and cfg.tools.eval_withheld:  # what the accuracy owes to the tools' answers
-        runs["withheld/"] = TrajectoryRunner(trainer.engine, trainer.processor, trainer.tools, cfg.tools, withheld=True)
-    metrics = {}
-    for prefix, trajectories in runs.items():
+    ctx: HeldoutContext = trainer.heldout_context()
+    cfg, s = ctx.cfg, ctx.strategy
+    mine, counted = share_over_ranks(ctx.records if records is None else records, s.rank, s.world_size)
+    bench = user_benchmark("heldout", ctx.verifier, cfg.data.prompt_template)
+    metrics: dict[str, Any] = {}
+    for prefix, trajectories in ctx.runs.items():
         got = evaluate(
-            trainer.strategy.unwrap(),
-            trainer.processor,
+            s.unwrap(),
+            ctx.processor,
             mine,
             bench,
             n=cfg.train.eval_n,
@@ -39,8 +55,9 @@ def heldout_eval(trainer, records: list[PromptRecord] | None = None) -> dict[str
             batch_size=cfg.rollout.micro_rollout_batch_size,
             seed=cfg.train.seed,
             system_prompt=cfg.data.system_prompt or None,
-            engine=trainer.engine,
+            engine=ctx.engine,
             trajectories=trajectories,
+            uncounted=len(mine) - counted,
         )
         metrics.update({prefix + k: v for k, v in got.items() if prefix == "" or k != "num_problems"})
     count = float(metrics["num_problems"])

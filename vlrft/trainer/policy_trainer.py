@@ -1,11 +1,6 @@
-"""The policy trainer: one RL loop, readable top to bottom (``PolicyTrainer.fit``).
-
-Per step: draw ``rollout_batch_size`` prompts (this rank's share) -> encode each prompt once -> the
-engine samples ``n_samples_per_prompt`` responses -> the reward pool scores them -> (DAPO) drop
-zero-variance groups and draw more -> reference / old log-probs where needed -> advantages over the
-global batch -> ``max_epochs`` passes of mini-batch updates with micro-batches, losses aggregated over
-the global token count -> optimizer step -> the engine gets the new weights. Metrics, trajectories,
-checkpoints and held-out evaluation happen around it.
+"""The policy trainer: one RL step, readable top to bottom (``PolicyTrainer.step``, whose docstring lists which
+file does what, in order), a plug-in of the one run driver (``vlrft.loop.Run.fit``: resume, held-out evaluation,
+checkpoints, metrics and export around the steps).
 """
 
 from __future__ import annotations
@@ -18,37 +13,30 @@ import torch
 
 from data_pipelines.collate import collate_sequences, tokenizer_of
 from data_pipelines.records import PromptRecord
-from eval.generation import sample_rollouts
-from eval.metrics import tool_summary
-from eval.runner import turn_log
 from vlrft.algorithms import (
     AdaptiveKLController,
     DynamicSamplingExhausted,
     FixedKLController,
     RunningRewardNormalizer,
-    aggregate_loss,
     apply_kl_penalty,
     clip_rewards,
-    compute_policy_loss,
     global_sequence_count,
     global_token_count,
-    high_entropy_mask,
     kl_penalty,
     more_prompts_needed,
     overlong_penalty,
-    value_loss,
 )
-from vlrft.algorithms.rollout_correction import rollout_correction
 from vlrft.loop import Trainer
 from vlrft.micro_batching import sequence_micro_batches
-from vlrft.models.group_forward import shared_forward_applies
+from vlrft.models.packing import shared_forward_applies
 from vlrft.nonfinite import NonFiniteGuard
 from vlrft.rollout import SamplingParams, make_engine, stack_rollout_logprobs
 from vlrft.rollout.base import vision_token_ids
-from vlrft.rollout.trajectories import TrajectoryRunner
+from vlrft.rollout.generation import sample_rollouts
+from vlrft.rollout.trajectories import TrajectoryRunner, tool_summary, turn_log
 from vlrft.sampling import PromptStream
 from vlrft.strategies import Strategy
-from vlrft.strategies.base import mean_over_ranks
+from vlrft.strategies.numerics import mean_over_ranks
 from vlrft.tools import ToolBox
 from vlrft.tracking import append_jsonl
 from vlrft.trainer.canary import RewardCanary
@@ -62,12 +50,12 @@ from vlrft.trainer.experience import (
     group_rollouts,
     infer_response_logprobs,
     infer_response_values,
-    response_logprobs,
     response_tensors,
-    response_values,
     rollout_metrics,
     score_rollouts,
 )
+from vlrft.trainer.heldout import HeldoutContext
+from vlrft.trainer.micro_losses import critic_micro_loss, policy_micro_loss
 
 
 class PolicyTrainer(Trainer):
@@ -128,24 +116,18 @@ class PolicyTrainer(Trainer):
             self.critic = critic[1].prepare(critic[0], total_steps=self.total_steps * self._updates_per_step())[0]
             self.critic_module = critic[1].train_module
         self.engine = make_engine(
-            r.engine,
+            r,
             strategy.unwrap(),
             processor,
             synced=strategy.shards_parameters,
-            micro_batch_size=r.micro_rollout_batch_size,
-            vllm=r.vllm,
-            hf=r.hf,
             distributed=strategy.distributed,
             device=strategy.device,
         )
         self.tools = tools
         self.trajectories = TrajectoryRunner(self.engine, processor, tools, cfg.tools) if tools is not None else None
         a = cfg.algorithm
-        self.kl_ctl = (
-            AdaptiveKLController(a.kl_coef, a.kl_target, a.kl_horizon)
-            if a.kl_target > 0
-            else FixedKLController(a.kl_coef)
-        )
+        adaptive = AdaptiveKLController(a.kl_coef, a.kl_target, a.kl_horizon) if a.kl_target > 0 else None
+        self.kl_ctl = adaptive or FixedKLController(a.kl_coef)
         self.normalizer = RunningRewardNormalizer() if a.normalize_rewards else None
         self.guard = guard or NonFiniteGuard(cfg.train.max_nonfinite_steps)
         self.steps_done = 0  # steps done (the index of the one running, while it runs)
@@ -154,7 +136,7 @@ class PolicyTrainer(Trainer):
         self.out = Path(cfg.train.output_dir)
         # the vision placeholders no engine samples: log-probs are those of the sampling distribution
         self.suppress = torch.tensor(vision_token_ids(self.tokenizer), dtype=torch.long)
-        self.shared = cfg.train.shared_prompt_forward  # each prompt once per group (models/group_forward.py)
+        self.shared = cfg.train.shared_prompt_forward  # each prompt once per group (models/packing.py)
 
     # ----------------------------------------------------------------------------- data order
     def _updates_per_step(self) -> int:
@@ -200,14 +182,7 @@ class PolicyTrainer(Trainer):
         batch is full or ``max_sampling_tries`` rounds ran; then it trains on what was kept, or, if a
         rank kept nothing, on its last round unfiltered (zero advantages: the schedule stays in step)."""
         a, r, s = self.cfg.algorithm, self.cfg.rollout, self.strategy
-        sampling = SamplingParams(
-            n=r.n_samples_per_prompt,
-            temperature=r.temperature,
-            top_p=r.top_p,
-            top_k=r.top_k,
-            max_new_tokens=r.max_new_tokens,
-            stop=list(r.stop),
-        )
+        sampling = r.sampling()
         per_rank = r.rollout_batch_size // s.world_size
         groups: list[ScoredGroup] = []
         t0, tries, need = time.perf_counter(), 0, per_rank
@@ -322,6 +297,7 @@ class PolicyTrainer(Trainer):
         mini = max(1, min(n, cfg.train.train_batch_size // s.world_size)) if cfg.train.train_batch_size else n
         micro, budget = cfg.train.micro_train_batch_size, cfg.train.micro_batch_tokens
         packed = self.shared and shared_forward_applies(self.train_module, exp.batch)
+        cs = self.critic_strategy
         agg: dict[str, list[float]] = {}
         g = torch.Generator().manual_seed(cfg.train.seed * 7919 + self.steps_done)
         t0 = time.perf_counter()
@@ -335,16 +311,21 @@ class PolicyTrainer(Trainer):
                 parts = sequence_micro_batches(s, exp.batch, order[m0 : m0 + mini], budget, micro, packed=packed)
                 micro_batches = [exp.micro_batch(idx) for idx, _ in parts]
                 masks = [mb["response_mask"] for mb, (_, w) in zip(micro_batches, parts) if w]
-                gtc = global_token_count(masks)
-                gsc = global_sequence_count(masks)
+                counts = (global_token_count(masks), global_sequence_count(masks), cfg.rollout.max_new_tokens)
                 tokens += sum(int(m.sum()) for m in masks)
                 losses.append(0.0)
                 for k, (mb, (_, weight)) in enumerate(zip(micro_batches, parts)):
                     last = k == len(micro_batches) - 1
-                    loss, m = self._micro_loss(mb, gtc, gsc)
+                    loss, m = self._micro_loss(mb, *counts[:2])
                     s.backward(loss * (s.world_size * weight), last_micro_batch=last)
-                    if self.critic is not None:
-                        m.update(self._critic_micro_step(mb, gtc, gsc, last, weight))
+                    if self.critic is not None:  # PPO's value loss, weighted by value_coef (and weight)
+                        critic_loss, critic_m = critic_micro_loss(
+                            self.critic_module, mb, cfg.algorithm, *counts, device=cs.device, shared=self.shared
+                        )
+                        cs.backward(
+                            cfg.algorithm.value_coef * weight * critic_loss * cs.world_size, last_micro_batch=last
+                        )
+                        m.update(critic_m)
                     if not weight:  # a padding micro-batch: it only kept the ranks in step
                         continue
                     losses[-1] += float(loss.detach())
@@ -366,88 +347,38 @@ class PolicyTrainer(Trainer):
         if isinstance(self.kl_ctl, AdaptiveKLController) and "kl" in metrics:
             self.kl_ctl.update(metrics["kl"], global_n)
 
-    def _critic_micro_step(
-        self, mb: dict[str, torch.Tensor], gtc: int, gsc: int, last: bool, weight: float = 1.0
-    ) -> dict[str, float]:
-        """PPO's clipped value loss on one micro-batch, weighted by ``value_coef`` (and ``weight``: 0 for a
-        padding micro-batch), backpropagated into the critic (logged unweighted as ``critic/loss``)."""
-        a, cs = self.cfg.algorithm, self.critic_strategy
-        values = response_values(self.critic_module, mb, mb["response_ids"].shape[1], cs.device, self.shared)
-        dev = values.device
-        loss, m = value_loss(
-            values,
-            mb["values"].to(dev),
-            mb["returns"].to(dev),
-            mb["response_mask"].to(dev),
-            a.value_clip or None,
-            loss_agg_mode=a.loss_agg_mode,
-            global_token_count=gtc,
-            num_sequences=gsc,
-            max_response_length=self.cfg.rollout.max_new_tokens,
-        )
-        cs.backward(a.value_coef * weight * loss * cs.world_size, last_micro_batch=last)
-        return {"critic/loss": float(loss.detach()), **{f"critic/{k}": float(v) for k, v in m.items()}}
-
     def _micro_loss(self, mb: dict[str, torch.Tensor], gtc: int, gsc: int) -> tuple[torch.Tensor, dict[str, float]]:
-        a, r = self.cfg.algorithm, self.cfg.rollout
-        # entropy is always computed: it is the metric that shows a collapsing policy
-        logp, entropy = response_logprobs(
-            self.train_module,
-            mb,
-            mb["response_ids"],
-            temperature=self._temperature(),
-            with_entropy=True,
-            shared=self.shared,
-            suppress=self.suppress,
+        """The policy loss of one micro-batch (``micro_losses.policy_micro_loss``) over the step's global counts."""
+        max_len = self.cfg.rollout.max_new_tokens
+        inputs = dict(temperature=self._temperature(), shared=self.shared, suppress=self.suppress)
+        return policy_micro_loss(
+            self.train_module, mb, self.cfg.algorithm, gtc, gsc, max_len, kl_coef=self.kl_ctl.value, **inputs
         )
-        dev = logp.device
-        mask = mb["response_mask"].to(dev)
-        old = mb["old_log_probs"].to(dev) if "old_log_probs" in mb else logp.detach()
-        loss_mask = mask
-        if a.high_entropy_rho < 1.0:
-            loss_mask = high_entropy_mask(entropy.detach(), mask, a.high_entropy_rho).to(mask.dtype)
-        agg_kw = dict(
-            loss_agg_mode=a.loss_agg_mode,
-            global_token_count=gtc,
-            num_sequences=gsc,
-            max_response_length=r.max_new_tokens,
-        )
-        rollout_logp = mb.get("rollout_log_probs")  # the engine's own (vllm; None for hf) vs the trainer's
-        is_weights, loss_mask, rc_metrics = rollout_correction(
-            a.rollout_correction, old, rollout_logp, loss_mask, cap=a.rollout_is_cap, threshold=a.rollout_mask_threshold
-        )
-        loss, metrics = compute_policy_loss(
-            a.policy_loss,
-            logp,
-            old,
-            mb["advantages"].to(dev),
-            loss_mask,
-            clip_low=a.clip_low,
-            clip_high=a.clip_high,
-            dual_clip=a.dual_clip or None,
-            is_weights=is_weights,
-            **agg_kw,
-            **a.policy_loss_inputs(),
-        )
-        metrics = {f"policy/{k}": float(v) for k, v in metrics.items()} | rc_metrics
-        metrics["policy/loss"] = float(loss.detach())
-        agg = {k: agg_kw[k] for k in ("global_token_count", "num_sequences", "max_response_length")}
-        if "ref_log_probs" in mb:
-            kl = kl_penalty(logp, mb["ref_log_probs"].to(dev), a.kl_estimator)
-            kl_term = aggregate_loss(kl, mask, a.loss_agg_mode, **agg)
-            metrics["kl"] = float(kl.detach()[mask.bool()].mean()) if mask.any() else 0.0
-            if a.use_kl_loss:
-                loss = loss + self.kl_ctl.value * kl_term
-        if entropy is not None:
-            ent = aggregate_loss(entropy, mask, a.loss_agg_mode, **agg)
-            metrics["entropy"] = float(entropy.detach()[mask.bool()].mean()) if mask.any() else 0.0
-            if a.entropy_coef > 0:
-                loss = loss - a.entropy_coef * ent
-        return loss, metrics
 
     # ----------------------------------------------------------------------------- the driver's plug-in
     def step(self, step: int) -> dict[str, float]:
-        """RL step ``step`` (0-based): rollouts, rewards, experience, the update, the engine given the weights."""
+        """RL step ``step`` (0-based): rollouts, rewards, experience, the update, the engine given the weights.
+
+        The reading path, in order (which file does what):
+
+        1. prompts: ``vlrft/sampling.py`` (``PromptStream``: the seeded global order; this rank's share);
+        2. rollouts: ``vlrft/rollout/generation.py`` (``sample_rollouts``: each prompt encoded once by
+           ``data_pipelines/collate.py``) through the engine (``vlrft/rollout/hf_engine.py``, ``inference_copy.py``,
+           ``vllm_engine.py``; with tools, ``trajectories.py``);
+        3. rewards: ``vlrft/trainer/experience.py`` (``score_rollouts``) -> ``reward_models/pool.py`` and its
+           sources; groups kept or redrawn by ``vlrft/algorithms/dynamic_sampling.py`` (``make_experience``);
+        4. experience (``experience_from``): sequences collated (``data_pipelines/collate.py``), old / reference
+           log-probs and values by the group-shared forward (``experience.py`` -> ``vlrft/models/packing.py``),
+           reward shaping, KL and advantages over the global batch (``vlrft/algorithms/``);
+        5. the update (``train_on``): micro-batches (``vlrft/micro_batching.py``), each one's loss
+           (``vlrft/trainer/micro_losses.py`` -> ``vlrft/algorithms/policy_losses.py``, ``aggregation.py``,
+           ``rollout_correction.py``), ``strategy.backward`` / ``step`` (``vlrft/strategies/``), the non-finite
+           guard (``vlrft/nonfinite.py``);
+        6. weights to the engine (``_sync_engine``): ``strategy.full_params()`` (``vlrft/strategies/weight_stream.py``)
+           -> ``engine.update_weights``;
+        7. logs and probes: ``data_order.jsonl`` and ``samples.jsonl`` (``_log_step``), the reward canary
+           (``vlrft/trainer/canary.py``); collapse signs (``vlrft/trainer/collapse.py``) during step 4.
+        """
         self.steps_done = step
         metrics: dict[str, float] = {}
         self._step_prompt_ids = []
@@ -466,6 +397,15 @@ class PolicyTrainer(Trainer):
 
     def evaluate(self) -> dict[str, float]:
         return self.evaluate_fn(self) if self.evaluate_fn is not None else {}
+
+    def heldout_context(self) -> HeldoutContext:
+        """What held-out evaluation (``evaluate_fn``, e.g. ``vlrft.trainer.heldout.heldout_eval``) may use."""
+        runs = {"": self.trajectories}
+        if self.trajectories is not None and self.cfg.tools.eval_withheld:  # what accuracy owes to the tools' answers
+            runs["withheld/"] = TrajectoryRunner(self.engine, self.processor, self.tools, self.cfg.tools, withheld=True)
+        return HeldoutContext(
+            self.strategy, self.processor, self.engine, self.eval_records, self.accuracy_verifier, runs, self.cfg
+        )
 
     def state_dict(self) -> dict[str, Any]:
         return {

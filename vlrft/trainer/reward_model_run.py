@@ -10,8 +10,7 @@ names them.
 
 from __future__ import annotations
 
-import math
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -26,8 +25,10 @@ from reward_models.losses import bradley_terry_loss, judge_sft_loss
 from reward_models.scalar import ScalarRewardModel
 from vlrft.loop import Run, training_run
 from vlrft.models.loading import load_model
-from vlrft.rollout import make_engine
+from vlrft.rollout import RolloutConfig, make_engine
+from vlrft.sampling import share_over_ranks
 from vlrft.supervised import SupervisedTrainer, steps_per_episode
+from vlrft.trainer.preflight import preflight_reward_model
 
 
 # -- data ----------------------------------------------------------------------------------------
@@ -159,20 +160,14 @@ class GRMTask:
 
 
 # -- evaluation ----------------------------------------------------------------------------------
-def _shard(records: list, rank: int, world: int) -> list[tuple[Any, bool]]:
-    """This rank's held-out records, padded so every rank runs the same number of forwards."""
-    per_rank = math.ceil(len(records) / world)
-    mine = [(records[i], True) for i in range(rank, len(records), world)]
-    return mine + [(records[0], False)] * (per_rank - len(mine))
-
-
 @torch.no_grad()
 def evaluate(model: Any, processor: Any, records: list, cfg: RewardModelTrainConfig, strategy: Any) -> dict:
     """Held-out pairwise accuracy (srm) or judgment accuracy (grm) over all ranks, named as
     ``vlrft eval-reward-model`` names them (``reward_models.evaluate.reward_metrics``)."""
     if cfg.train.max_eval_records:
         records = records[: cfg.train.max_eval_records]
-    shard = _shard(records, strategy.rank, strategy.world_size)
+    share, counted = share_over_ranks(records, strategy.rank, strategy.world_size)
+    shard = [(r, i < counted) for i, r in enumerate(share)]  # the padding forwards only keep ranks in step
     bs = cfg.train.eval_batch_size
     sums: dict[str, float] = {}
     model.eval()
@@ -188,7 +183,10 @@ def evaluate(model: Any, processor: Any, records: list, cfg: RewardModelTrainCon
         else:
             items = [(r.prompt, r.images, _system(r, cfg)) for r in recs]
             engine = make_engine(
-                "hf", strategy.unwrap(model), processor, synced=strategy.shards_parameters, micro_batch_size=len(items)
+                RolloutConfig.on_model(micro_batch_size=len(items)),
+                strategy.unwrap(model),
+                processor,
+                synced=strategy.shards_parameters,
             )
             texts = generate_judgments(engine, processor, items, cfg.judge.max_new_tokens)
             kept = [t for t, (_, is_real) in zip(texts, chunk) if is_real]
@@ -214,16 +212,14 @@ def build_model(cfg: RewardModelTrainConfig, path: str) -> tuple[torch.nn.Module
 CONSOLE_KEYS = ("train/loss", "train/accuracy", "train/verdict_token_accuracy", "eval/")
 
 
-def train_reward_model(
-    cfg: RewardModelTrainConfig, records: tuple[list, list] | None = None, preflight: Callable | None = None
-) -> dict:
+def train_reward_model(cfg: RewardModelTrainConfig, records: tuple[list, list] | None = None) -> dict:
     """Train, evaluate and export a reward model to ``output_dir/final``; returns the run's summary (also
     ``summary.json``: held-out metrics before and after).
 
-    ``records`` = (train, held-out) in memory replaces ``cfg.data`` (programmatic use); ``preflight(cfg)``
-    (the command's: ``vlrft.trainer.preflight.preflight_reward_model``) runs before anything heavy.
+    ``records`` = (train, held-out) in memory replaces ``cfg.data`` (programmatic use). The checks of
+    ``vlrft.trainer.preflight.preflight_reward_model`` (model folder, data, output folder) run before anything heavy.
     """
-    with training_run(cfg, "train-reward-model", preflight) as run:
+    with training_run(cfg, "train-reward-model", preflight_reward_model) as run:
         return _train(cfg, run, records)
 
 

@@ -113,7 +113,7 @@ def _train_policy(cfg: PolicyTrainConfig, run: Run) -> dict[str, Any]:
             f"{cfg.data.train_source}: {len(train_records)} usable prompts, fewer than "
             f"rollout.rollout_batch_size={cfg.rollout.rollout_batch_size}"
         )
-    pool = RewardPool(cfg.reward, device=strategy.device, onednn=strategy.cfg.onednn)  # cpu_matmul's choice
+    pool = RewardPool(cfg.reward, device=strategy.device, prepare_model=strategy.compute_like_policy)
     critic = build_critic(cfg, path) if cfg.algorithm.estimator.critic else None
     accuracy = pool.accuracy_source
     if accuracy not in pool.graders:

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 from vlrft.algorithms import LOSS_AGG_MODES, PREFERENCE_LOSSES
 from vlrft.config import option
-from vlrft.loop import DataSourceConfig, RunConfig
 from vlrft.micro_batching import micro_batch_tokens_option
-from vlrft.strategies.base import OptimConfig, StrategyConfig
+from vlrft.run_config import DataSourceConfig, RunConfig
+from vlrft.strategies.config import OptimConfig, StrategyConfig
 from vlrft.tools import ToolsConfig
 from vlrft.tracking import LoggingConfig
 from vlrft.trainer.config import PolicyModelConfig

@@ -1,6 +1,7 @@
 """``vlrft train-sft`` and ``vlrft train-dpo`` end to end: data, model, reference, tasks, held-out evaluation.
 
-Both train in the one supervised loop (``vlrft.supervised.fit``); this module says what their batches
+Both train in the one supervised trainer (``vlrft.supervised.SupervisedTrainer``, a plug-in of the one run driver
+``vlrft.loop.Run.fit``); this module says what their batches
 and losses are:
 
 - :class:`SFTTask`: conversations with labels on assistant tokens only (``data_pipelines.chat``), the
@@ -42,8 +43,9 @@ from vlrft.algorithms import logprobs_from_logits, preference_loss, rpo_loss, sf
 from vlrft.config import ConfigError
 from vlrft.loop import Run, training_run
 from vlrft.models.loading import load_model
-from vlrft.rollout import make_engine
+from vlrft.rollout import RolloutConfig, make_engine
 from vlrft.rollout.trajectories import TrajectoryRunner
+from vlrft.sampling import share_over_ranks
 from vlrft.supervised import SupervisedTrainer, steps_per_episode
 from vlrft.tools import CallError, ToolBox, ToolCall, format_tool_call
 from vlrft.tools.base import tool_message
@@ -261,10 +263,13 @@ class DPOTask:
 
 
 # -- held-out evaluation --------------------------------------------------------------------------
-def _even_share(records: list, strategy: Any) -> list:
-    """This rank's share; every rank gets the same count (sharded models generate in lockstep)."""
-    records = records[: len(records) - len(records) % strategy.world_size]
-    return records[strategy.rank :: strategy.world_size]
+def _shared_chunks(records: list, strategy: Any, size: int):
+    """This rank's share of ``records`` (``share_over_ranks``: padded so ranks run in lockstep) in chunks of
+    ``size``, each with a ``[len(chunk)]`` float mask, 0 on the padding that no metric counts."""
+    share, counted = share_over_ranks(records, strategy.rank, strategy.world_size)
+    for start in range(0, len(share), size):
+        chunk = share[start : start + size]
+        yield chunk, (torch.arange(start, start + len(chunk)) < counted).double()
 
 
 def greedy_accuracy(
@@ -272,10 +277,14 @@ def greedy_accuracy(
 ) -> dict[str, float]:
     """Greedy held-out answer accuracy through the eval harness and an hf engine on the trained model (with
     ``tools``: trajectories, ``eval_max_new_tokens`` per turn)."""
-    mine = _even_share(records, strategy)
+    mine, counted = share_over_ranks(records, strategy.rank, strategy.world_size)
     model = strategy.unwrap()
     engine = make_engine(
-        "hf", model, processor, synced=strategy.shards_parameters, micro_batch_size=16, device=strategy.device
+        RolloutConfig.on_model(micro_batch_size=16),
+        model,
+        processor,
+        synced=strategy.shards_parameters,
+        device=strategy.device,
     )
     trajectories = TrajectoryRunner(engine, processor, tools, cfg.tools) if tools is not None else None
     metrics = run_eval(
@@ -291,9 +300,10 @@ def greedy_accuracy(
         system_prompt=cfg.data.system_prompt or None,
         engine=engine,
         trajectories=trajectories,
+        uncounted=len(mine) - counted,
     )
     total = strategy.all_reduce(
-        torch.tensor([len(mine), metrics["accuracy"] * len(mine)], dtype=torch.float64), op="sum"
+        torch.tensor([counted, metrics.get("accuracy", 0.0) * counted], dtype=torch.float64), op="sum"
     ).tolist()
     return {"accuracy": total[1] / max(total[0], 1), "n": total[0]}
 
@@ -309,8 +319,9 @@ def heldout_nll(strategy: Any, task: SFTTask, records: list[ChatRecord], batch_s
     module = strategy.train_module
     module.eval()
     nll = tokens = 0.0
-    for chunk in _batched(_even_share(records, strategy), batch_size):
+    for chunk, real in _shared_chunks(records, strategy, batch_size):
         logps, mask, _ = sequence_logprobs(module, task.encode(chunk), strategy.device)
+        mask = mask * real.to(mask)[:, None]
         nll, tokens = nll - float((logps * mask).sum()), tokens + float(mask.sum())
     total = strategy.all_reduce(torch.tensor([nll, tokens], dtype=torch.float64), op="sum").tolist()
     return {"nll": total[0] / max(total[1], 1)}
@@ -322,11 +333,10 @@ def heldout_preferences(strategy: Any, task: DPOTask, pairs: list[PreferencePair
     module = strategy.train_module
     module.eval()
     sums = torch.zeros(3, dtype=torch.float64)
-    for chunk in _batched(_even_share(pairs, strategy), batch_size):
+    for chunk, real in _shared_chunks(pairs, strategy, batch_size):
         _, metrics = task.pair_losses(module, task.encode(chunk))
-        sums += torch.tensor(
-            [len(chunk), metrics["rewards/accuracy"].sum(), metrics["rewards/margins"].sum()], dtype=torch.float64
-        )
+        acc, margin = (float((metrics[k] * real.to(metrics[k])).sum()) for k in ("rewards/accuracy", "rewards/margins"))
+        sums += torch.tensor([real.sum(), acc, margin], dtype=torch.float64)
     n, acc, margin = strategy.all_reduce(sums, op="sum").tolist()
     return {"preference_accuracy": acc / max(n, 1), "reward_margin": margin / max(n, 1)}
 
