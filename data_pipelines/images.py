@@ -50,20 +50,30 @@ def load_image(
     if isinstance(src, Image.Image):
         im = _decode(src, "image", max_image_pixels)
     else:
-        data, label = _read_bytes(src, base_dir)
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # our own limit applies
-                opened = Image.open(io.BytesIO(data))
-        except Image.DecompressionBombError as exc:
-            raise DataError(f"image too large, refused before decoding ({exc})", category="image too large") from exc
-        except Exception as exc:  # noqa: BLE001 - PIL's plugins raise many types on garbage
-            raise DataError(f"not a readable image: {label} ({_short(exc)})", category="corrupt image") from exc
-        im = _decode(opened, label, max_image_pixels)
+        im = _decode(*_open(src, base_dir), max_image_pixels)
     im = _to_rgb(im)
     if max_pixels is not None:
         im = resize_for_qwen(im, min_pixels=min_pixels or 0, max_pixels=max_pixels, factor=factor)
     return im
+
+
+def open_image(src: Any, *, base_dir: str | Path | None = None) -> Image.Image:
+    """``src`` (any form :func:`load_image` takes but a PIL image) opened lazily: its header read (format, size),
+    its pixels not yet decoded, so that a caller can weigh ``size`` before paying for the decoding; ``load_image``
+    of the result decodes it. A :class:`DataError` as ``load_image`` raises one."""
+    return _open(src, base_dir)[0]
+
+
+def _open(src: Any, base_dir: str | Path | None) -> tuple[Image.Image, str]:
+    data, label = _read_bytes(src, base_dir)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # our own limit applies
+            return Image.open(io.BytesIO(data)), label
+    except Image.DecompressionBombError as exc:
+        raise DataError(f"image too large, refused before decoding ({exc})", category="image too large") from exc
+    except Exception as exc:  # noqa: BLE001 - PIL's plugins raise many types on garbage
+        raise DataError(f"not a readable image: {label} ({_short(exc)})", category="corrupt image") from exc
 
 
 def png_data_uri(image: Any) -> str:

@@ -32,7 +32,7 @@ from urllib.parse import urlsplit
 import httpx
 import torch
 
-from data_pipelines.images import load_image, png_data_uri
+from data_pipelines.images import png_data_uri
 from reward_models.samples import Sample
 from reward_models.sources import Scores
 from reward_models.verifiers import VerifierResult
@@ -62,7 +62,8 @@ def sample_json(sample: Sample, uris: dict[int, str] | None = None) -> dict[str,
 
 def sample_from_json(obj: Any, where: str) -> Sample:
     """A :class:`Sample` from its JSON (``where``: e.g. ``samples[3]``, for the error), its images still data
-    URIs or paths (:func:`decode_images`); ``ValueError`` naming the field that is wrong."""
+    URIs or paths (the server reads them: ``reward_models.serve_requests``); ``ValueError`` naming the field that is
+    wrong (a missing one, one of another JSON type, one that is not a field)."""
     if not isinstance(obj, dict):
         raise ValueError(f"{where}: want an object with the fields {', '.join(SAMPLE_FIELDS)}")
     unknown = sorted(set(obj) - set(SAMPLE_FIELDS))
@@ -71,17 +72,16 @@ def sample_from_json(obj: Any, where: str) -> Sample:
     for name in REQUIRED_FIELDS:
         if not isinstance(obj.get(name), str):
             raise ValueError(f"{where}.{name}: want a string")
+    for name in ("answer", "task", "system"):
+        if obj.get(name) is not None and not isinstance(obj[name], str):
+            raise ValueError(f"{where}.{name}: want a string or null, got {_json_type(obj[name])}")
     for name, typ in (("images", list), ("metadata", dict), ("extra", dict)):
         if not isinstance(obj.get(name, typ()), typ):
             raise ValueError(f"{where}.{name}: want a {typ.__name__}")
-    if not all(isinstance(im, str) for im in obj.get("images", [])):
-        raise ValueError(f"{where}.images: want data URIs or paths")
+    for j, im in enumerate(obj.get("images", [])):
+        if not isinstance(im, str):
+            raise ValueError(f"{where}.images[{j}]: want a data URI or a path (a string), got {_json_type(im)}")
     return Sample(**{k: v for k, v in obj.items() if v is not None or k in ("answer", "system")})
-
-
-def decode_images(sample: Sample) -> None:
-    """The sample's images as PIL images at their stored size (``DataError`` for one that cannot be read)."""
-    sample.images = [load_image(im, max_pixels=None) for im in sample.images]
 
 
 def scores_json(scores: Scores) -> dict[str, Any]:
@@ -146,6 +146,12 @@ def check_url(url: str, key: str) -> str | None:
     if parts.scheme not in ("http", "https") or not parts.hostname:
         return f"{key}={url}: want http://HOST:PORT or https://HOST[:PORT]"
     return None
+
+
+def _json_type(value: Any) -> str:
+    """The JSON name of ``value``'s type, for messages (``a list``, ``a number``)."""
+    names = {bool: "a boolean", int: "a number", float: "a number", str: "a string", list: "a list", dict: "an object"}
+    return names.get(type(value), type(value).__name__)
 
 
 def _shown(value: Any) -> str:

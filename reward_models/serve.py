@@ -11,18 +11,22 @@ sample failed with the reason). ``/health`` says which record fields the source 
 client's preflight.
 
 Exposure: by default it listens on loopback, reads images sent inline only (data URIs; a path on the server's disk
-is refused unless ``local_images``) and takes requests up to 256 MiB. ``api_key`` (``--api-key-env NAME``:
-the key in that environment variable, never on the command line) makes ``/score`` and ``/verify`` answer 401
-without ``Authorization: Bearer KEY``; ``/health`` stays open (it says ``auth: true``, so a client without a key
-stops at preflight) and checks a key when one is sent.
+only under ``--image-root``), takes bodies up to 256 MiB, decodes images only for a source that reads them and
+then at most 100 million pixels a request, and closes a connection that sends nothing for 30 s (the bounds:
+``reward_models.serve_requests``). ``api_key`` (``--api-key-env NAME``: the key in that environment variable,
+never on the command line) makes ``/score`` and ``/verify`` answer 401 without ``Authorization: Bearer KEY``;
+``/health`` stays open (it says ``auth: true``, so a client without a key stops at preflight) and checks a key
+when one is sent.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import functools
 import hmac
 import json
+import os
 import signal
 import socket
 import sys
@@ -35,12 +39,12 @@ from aiohttp import web
 
 from reward_models.kinds import SOURCE_CONFIG, check_source, make_source
 from reward_models.pool import _all_failed
-from reward_models.remote import decode_images, result_json, sample_from_json, scores_json
+from reward_models.remote import result_json, scores_json
 from reward_models.samples import Sample
+from reward_models.serve_requests import Limits, read_samples
 from reward_models.sources import RewardSource, RewardSourceConfig, Scores, VerifierSourceConfig
 from vlrft.config import option
-
-MAX_REQUEST_MIB = 256  # images travel inline (aiohttp's default limit, 1 MiB, holds a few); --max-request-mib
+from vlrft.errors import KnownError
 
 
 @dataclass
@@ -63,7 +67,7 @@ class _Pending:
 
 class RewardServer:
     """The aiohttp application around one source (:meth:`app`), with its batching queue; it builds the source of
-    ``cfg`` on ``device`` (:func:`build_source`) with its threads."""
+    ``cfg`` on ``device`` (:func:`build_source`) with its threads, and reads requests within ``limits``."""
 
     def __init__(
         self,
@@ -74,11 +78,10 @@ class RewardServer:
         num_threads: int = 4,
         *,
         api_key: str = "",
-        local_images: bool = False,
-        max_request_mib: int = MAX_REQUEST_MIB,
+        limits: Limits = Limits(),
     ):
         self.max_batch_size, self.batch_window_s = max_batch_size, batch_window_s
-        self.api_key, self.local_images, self.max_request_mib = api_key, local_images, max_request_mib
+        self.api_key, self.limits = api_key, limits
         self.scorer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="score")  # one call at a time
         self.threads = ThreadPoolExecutor(max_workers=max(1, num_threads), thread_name_prefix="serve")
         # verifier sources check samples concurrently on the server's threads, as in the pool
@@ -89,7 +92,7 @@ class RewardServer:
         self.n_requests = self.n_calls = 0  # /score requests and source.score calls (batching merges requests)
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=self.max_request_mib << 20, middlewares=[self._auth])
+        app = web.Application(client_max_size=self.limits.max_bytes, middlewares=[self._auth])
         app.router.add_get("/health", self.health)
         app.router.add_post("/score", self.score)
         app.router.add_post("/verify", self.verify)
@@ -132,28 +135,8 @@ class RewardServer:
         )
 
     async def _samples(self, request: web.Request) -> tuple[list[Sample | None], dict[int, str]]:
-        """The request's samples (None where one failed to decode, with why), or a 400 reply."""
-        try:
-            body = await request.json()
-        except ValueError as exc:
-            raise web.HTTPBadRequest(text=f"the body is not JSON: {exc}") from None
-        if not isinstance(body, dict) or not isinstance(body.get("samples"), list):
-            raise web.HTTPBadRequest(text='want {"samples": [...]}')
-        loop = asyncio.get_running_loop()
-        decoded = await asyncio.gather(
-            *(
-                loop.run_in_executor(self.threads, _decode, obj, f"samples[{i}]", self.local_images)
-                for i, obj in enumerate(body["samples"])
-            )
-        )
-        samples, failed = [], {}
-        for i, (sample, why, bad_request) in enumerate(decoded):
-            if bad_request:
-                raise web.HTTPBadRequest(text=why)
-            samples.append(sample)
-            if why:
-                failed[i] = why
-        return samples, failed
+        """The request's samples (None where one failed to decode, with why), or a 4xx reply."""
+        return await read_samples(request, self.limits, type(self.source).reads_images, self.threads)
 
     async def score(self, request: web.Request) -> web.Response:
         self.n_requests += 1
@@ -247,24 +230,6 @@ def _json_response(data: Any) -> web.Response:
     return web.json_response(data, dumps=functools.partial(json.dumps, allow_nan=False))
 
 
-def _decode(obj: Any, where: str, local_images: bool = False) -> tuple[Sample | None, str, bool]:
-    """(sample, "", False); (None, why, False) for an image that fails; (None, why, True) for a bad request (a
-    path among the images too, unless ``local_images``: a client sends images inline)."""
-    try:
-        sample = sample_from_json(obj, where)
-    except ValueError as exc:
-        return None, str(exc), True
-    for j, im in enumerate(sample.images):
-        if not local_images and not im.startswith("data:"):
-            why = f"{where}.images[{j}]: not a data URI; this server reads no files of its own disk"
-            return None, why + " (serve-reward-model --allow-local-images reads them)", True
-    try:
-        decode_images(sample)
-    except Exception as exc:  # noqa: BLE001 - DataError and friends: this sample fails, not the request
-        return None, f"{where}: {exc}", False
-    return sample, "", False
-
-
 def build_source(cfg: RewardSourceConfig, device: str, executor: Executor | None = None) -> RewardSource:
     """The served source, loaded (on ``device``: auto is cuda when there is one) and resident there, scoring on
     ``executor``'s threads when its kind scores samples concurrently."""
@@ -276,20 +241,43 @@ def build_source(cfg: RewardSourceConfig, device: str, executor: Executor | None
     return make_source(cfg, torch.device(device), False, executor)
 
 
-def serve(server: RewardServer, host: str, port: int) -> None:
-    """Listen on ``host:port`` (0: any free port), print where, and serve until SIGTERM or SIGINT."""
-    asyncio.run(_serve(server, host, port))
-
-
-async def _serve(server: RewardServer, host: str, port: int) -> None:
-    runner = web.AppRunner(server.app(), handle_signals=False, access_log=None)
-    await runner.setup()
+def listen(host: str, port: int) -> socket.socket:
+    """A socket listening on ``host:port`` (0: any free port), taken before the source loads; a
+    :class:`KnownError` naming the address and why when it cannot be had."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.create_server((host, port), family=family, reuse_port=False)
+    try:
+        socket.getaddrinfo(host, port, family, socket.SOCK_STREAM)  # (create_server's error loses the reason)
+    except socket.gaierror as exc:  # a name that does not resolve
+        why = f"--host {host}: cannot listen there: {exc.strerror} (want an address or a name of this machine)"
+        raise KnownError(why) from None
+    try:
+        return socket.create_server((host, port), family=family, reuse_port=False)
+    except OSError as exc:
+        hint = {
+            errno.EADDRINUSE: "another process listens there; --port 0 takes any free port",
+            errno.EADDRNOTAVAIL: "not an address of this machine",
+            errno.EACCES: "ports below 1024 need privileges",
+        }.get(exc.errno, "")
+        why = f"cannot listen on {host}:{port}: {os.strerror(exc.errno) if exc.errno else exc}"
+        raise KnownError(why + (f" ({hint})" if hint else "")) from None
+
+
+def serve(server: RewardServer, sock: socket.socket) -> None:
+    """Serve on ``sock`` (:func:`listen`), print where, and serve until SIGTERM or SIGINT."""
+    asyncio.run(_serve(server, sock))
+
+
+async def _serve(server: RewardServer, sock: socket.socket) -> None:
+    # an idle connection, or one whose headers are not complete, is closed after the read timeout (a body that
+    # stops arriving: reward_models.serve_requests)
+    keepalive = server.limits.read_timeout_s
+    runner = web.AppRunner(server.app(), handle_signals=False, access_log=None, keepalive_timeout=keepalive)
+    await runner.setup()
     await web.SockSite(runner, sock).start()
+    host, port = sock.getsockname()[:2]
     where = f"[{host}]" if ":" in host else host
     src = server.source
-    print(f"serving reward source {src.name!r} ({src.kind}) on http://{where}:{sock.getsockname()[1]}", flush=True)
+    print(f"serving reward source {src.name!r} ({src.kind}) on http://{where}:{port}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

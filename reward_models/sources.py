@@ -9,6 +9,8 @@ per sample, the samples it failed on (with why), and named extra values the pool
 - ``needs(cfg)``: the record fields it reads (``{"answer"}``), which preflight checks in every record;
 - ``holds_model``: whether it holds a model (the pool moves it to the scoring device only while it scores,
   runs the others concurrently, and the diagnostics compare the two groups);
+- ``reads_images``: whether it looks at the samples' images (a rule verifier does not: ``vlrft
+  serve-reward-model`` then never decodes them);
 - ``verifier()``: a :class:`~reward_models.verifiers.Verifier` that gives the same scores, for sources that can
   grade a response on their own (the held-out accuracy and ``vlrft eval`` use it), else None.
 - ``compare(items)``: preferences between two responses, for sources that compare (pairwise judges), else None
@@ -110,6 +112,7 @@ class RewardSource:
     kind: ClassVar[str] = ""
     config: ClassVar[type[RewardSourceConfig]] = RewardSourceConfig
     holds_model: ClassVar[bool] = False
+    reads_images: ClassVar[bool] = True  # (unknown for a user's function: assumed)
 
     def __init__(self, cfg: Any, context: SourceContext):
         self.cfg, self.name = cfg, cfg.name
@@ -159,6 +162,8 @@ class VerifierSource(RewardSource):
     """A registered rule verifier (``verifier:``, default the source's name; a function of the user's is
     ``kind: function``); each sample is verified on its own, on the context's threads (the pool's verifier
     threads) when it has them."""
+
+    reads_images = False  # a verifier reads the response, the answer and the metadata
 
     def __init__(self, cfg: VerifierSourceConfig, context: SourceContext):
         super().__init__(cfg, context)

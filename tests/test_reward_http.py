@@ -146,7 +146,7 @@ def test_the_server_fails_a_bad_image_alone_and_refuses_a_malformed_request(serv
 
 def test_the_server_reads_no_file_of_its_own_disk_unless_told(served_verifier, tmp_path):
     """A client sends images inline; a path would have the server open any file its user can read. Refused (400,
-    naming the image) by default; read with --allow-local-images."""
+    naming the image) by default; read under --image-root (tests/test_reliability_server.py: nowhere else)."""
     image = tmp_path / "red.png"
     make_prompt_records("color", 1, seed=5)[0].images[0].save(image)
     sample = {"id": "a", "prompt": "p", "response": "red", "answer": "red", "metadata": {"vocabulary": ["red"]}}
@@ -155,9 +155,9 @@ def test_the_server_reads_no_file_of_its_own_disk_unless_told(served_verifier, t
         assert (r.status_code, r.text) == (
             400,
             "samples[0].images[0]: not a data URI; this server reads no files of its own disk "
-            "(serve-reward-model --allow-local-images reads them)",
+            "(serve-reward-model --image-root DIR reads them)",
         )
-    server = Served("source.verifier=vocab_answer", args=("--allow-local-images",))
+    server = Served("source.verifier=vocab_answer", args=("--image-root", str(tmp_path)))
     try:
         with httpx.Client(timeout=60) as http:
             r = http.post(f"{server.url}/score", json={"samples": [{**sample, "images": [str(image)]}]})

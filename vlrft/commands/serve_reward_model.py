@@ -40,12 +40,29 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "(clients: the source's api_key_env); default: no key, for loopback or a trusted network",
     )
     p.add_argument(
-        "--allow-local-images",
-        action="store_true",
-        help="also read images given as paths on this machine's disk (default: data URIs only, what clients send)",
+        "--image-root",
+        default="",
+        metavar="DIR",
+        help="also read images given as paths, only files under DIR (relative paths start there; default: data URIs "
+        "only, what clients send)",
     )
+    p.add_argument("--allow-local-images", action="store_true", help="(kept for old scripts: needs --image-root)")
     p.add_argument(
         "--max-request-mib", type=int, default=256, help="largest request body in MiB (default 256; images inline)"
+    )
+    p.add_argument(
+        "--max-request-pixels",
+        type=int,
+        default=100_000_000,
+        help="most image pixels (width x height, summed over a request's distinct images) decoded for one request "
+        "(default 100000000); more is a 413. Only for a source that reads images: a verifier decodes none",
+    )
+    p.add_argument(
+        "--read-timeout",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="close a connection that sends nothing for this long (idle, mid-headers or mid-body; default 30)",
     )
     p.add_argument(
         "items", nargs="*", metavar="[CONFIG.yaml] [source.key=value ...]", help="the source's config and overrides"
@@ -63,19 +80,32 @@ def run(args: argparse.Namespace) -> int:
     import ipaddress
     import os
     import sys
+    from pathlib import Path
 
-    from reward_models.serve import RewardServer, ServeConfig, serve
+    from reward_models.serve import RewardServer, ServeConfig, listen, serve
+    from reward_models.serve_requests import Limits
     from vlrft.config import ConfigError
 
     for flag, value, low in (
         ("--port", args.port, 0),
         ("--max-batch-size", args.max_batch_size, 1),
         ("--max-request-mib", args.max_request_mib, 1),
+        ("--max-request-pixels", args.max_request_pixels, 1),
     ):
         if value < low or (flag == "--port" and value > 65535):
             raise ConfigError(f"{flag}={value}: must be >= {low}" + (" and <= 65535" if flag == "--port" else ""))
     if not args.batch_window_ms >= 0:
         raise ConfigError(f"--batch-window-ms={args.batch_window_ms}: must be >= 0")
+    if not 0 < args.read_timeout < float("inf"):
+        raise ConfigError(f"--read-timeout={args.read_timeout}: must be > 0 seconds")
+    if args.allow_local_images and not args.image_root:
+        raise ConfigError(
+            "--allow-local-images: give --image-root DIR instead (the folder whose image files this server may "
+            "read; paths outside it are refused)"
+        )
+    root = Path(args.image_root).expanduser().resolve() if args.image_root else None
+    if root is not None and not root.is_dir():
+        raise ConfigError(f"--image-root={args.image_root}: not a directory")
     key = os.environ.get(args.api_key_env, "") if args.api_key_env else ""
     if args.api_key_env and not key:
         raise ConfigError(f"--api-key-env={args.api_key_env}: the environment variable is not set or empty")
@@ -84,24 +114,26 @@ def run(args: argparse.Namespace) -> int:
         loopback = args.host == "localhost" or ipaddress.ip_address(args.host).is_loopback
     except ValueError:  # a host name
         loopback = False
-    if not key and not loopback:
-        print(
-            f"warning: serving on {args.host} without --api-key-env: anyone who reaches this port can use the source",
-            file=sys.stderr,
-            flush=True,
+    with listen(args.host, args.port) as sock:  # before the source loads: a busy port fails at once
+        if not key and not loopback:
+            print(
+                f"warning: serving on {args.host} without --api-key-env: anyone who reaches this port can use the "
+                "source",
+                file=sys.stderr,
+                flush=True,
+            )
+        limits = Limits(args.max_request_mib, args.read_timeout, args.max_request_pixels, root)
+        server = RewardServer(
+            cfg.source,
+            args.device,
+            args.max_batch_size,
+            args.batch_window_ms / 1000,
+            args.num_threads,
+            api_key=key,
+            limits=limits,
         )
-    server = RewardServer(
-        cfg.source,
-        args.device,
-        args.max_batch_size,
-        args.batch_window_ms / 1000,
-        args.num_threads,
-        api_key=key,
-        local_images=args.allow_local_images,
-        max_request_mib=args.max_request_mib,
-    )
-    try:
-        serve(server, args.host, args.port)
-    finally:
-        server.close()
+        try:
+            serve(server, sock)
+        finally:
+            server.close()
     return 0
