@@ -17,14 +17,19 @@ record and the reason), and is counted in ``reward/<name>/errors`` and ``reward/
 ``isolation: inline`` calls it in the trainer's process (no time limit: for functions you trust to be quick).
 
 Extra numbers in a returned dict (``{"score": 1.0, "format": 0.5}``) are logged as ``reward/<name>/<key>``
-(their mean over the samples that returned them). A function that cannot be imported, or does not accept
-its signature, is refused by preflight with the file and line.
+(their mean over the samples that returned them, summed as value / n so that huge ones do not overflow); extras
+that are not finite numbers, or named as the source's own metrics, are dropped, counted in
+``reward/<name>/dropped_extras`` and named once on stderr. What the function prints in its workers goes to their
+logs (``vlrft.workers``: ``reward-<name>.*.log`` in the run folder's ``logs/workers``). A function that cannot be
+imported, or does not accept its signature, is refused by preflight with the file and line.
 """
 
 from __future__ import annotations
 
 import base64
+import math
 import pickle
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -38,6 +43,7 @@ from vlrft.config import ConfigError, option
 from vlrft.user_code import check_signature, load_callable, where
 from vlrft.workers import WorkerPool
 
+_OWN_METRICS = ("errors", "timeouts", "dropped_extras", "failures", "mean", "std", "min", "max", "n")
 # what each signature is called with (positional count, keyword names), for the check before the run
 _CALLS = {
     "sample": (1, ()),
@@ -74,10 +80,10 @@ class FunctionSource(RewardSource):
         self.fn = load_callable(cfg.function, f"{self.key}: function")
         self.where = where(self.fn)
         self.workers = None
+        self._warned: set[str] = set()  # extra keys said to be dropped
         if cfg.isolation == "process":
-            self.workers = WorkerPool(
-                "reward_models.function_worker", env={"VLRFT_WORKER_MEMORY_MB": str(cfg.memory_limit_mb)}
-            )
+            memory = {"VLRFT_WORKER_MEMORY_MB": str(cfg.memory_limit_mb)}
+            self.workers = WorkerPool("reward_models.function_worker", env=memory, log=f"reward-{cfg.name}")
             self.workers.prestart(cfg.num_workers)
         self._threads = ThreadPoolExecutor(max_workers=max(1, cfg.num_workers), thread_name_prefix=f"fn-{cfg.name}")
 
@@ -116,7 +122,7 @@ class FunctionSource(RewardSource):
         if self.workers is None:
             try:
                 return [normal(v) for v in call(self.fn, c.signature, batch, dict(c.function_kwargs))], "", ""
-            except Exception as exc:  # noqa: BLE001 - the user's failure, located
+            except (Exception, SystemExit, KeyboardInterrupt) as exc:  # noqa: BLE001 - the user's failure, located
                 return [], described(exc, self.fn), "error"
         request = {
             "spec": c.function,
@@ -138,23 +144,42 @@ class FunctionSource(RewardSource):
         results = list(self._threads.map(lambda idx: self._run([samples[i] for i in idx]), calls))
         values, failed = torch.zeros(len(samples)), {}
         sums: dict[str, list[float]] = {}
-        errors = timeouts = 0
+        errors = timeouts = dropped = 0
         for idx, (got, why, kind) in zip(calls, results):
             if why:
                 timeouts += kind == "timeout"
                 errors += kind == "error"
                 failed.update({i: why for i in idx})
                 continue
-            for i, (value, extras, bad) in zip(idx, got):
+            for i, (value, extras, bad, lost) in zip(idx, got):
                 if value is None:
                     errors += 1
                     failed[i] = f"{self.where}: {bad}"
                     continue
                 values[i] = value
                 for k, v in extras.items():
-                    sums.setdefault(k, []).append(v)
-        extras = {k: sum(v) / len(v) for k, v in sums.items()}
-        return Scores(values, failed, {**extras, "errors": float(errors), "timeouts": float(timeouts)})
+                    if k in _OWN_METRICS:
+                        lost[k] = "a name of the source's own metrics"
+                    else:
+                        sums.setdefault(k, []).append(v)
+                dropped += len(lost)
+                self._report_dropped(lost)
+        # the mean as a sum of value / n: no overflow where every value is finite (1e308s average to 1e308)
+        extras = {k: math.fsum(x / len(v) for x in v) for k, v in sums.items()}
+        counts = {"errors": float(errors), "timeouts": float(timeouts), "dropped_extras": float(dropped)}
+        return Scores(values, failed, {**extras, **counts})
+
+    def _report_dropped(self, lost: dict[str, str]) -> None:
+        """Say once per extra key that its values are dropped (they are counted in ``dropped_extras``)."""
+        for k, why in lost.items():
+            if k not in self._warned:
+                self._warned.add(k)
+                print(
+                    f"warning: reward source {self.cfg.name!r} ({self.where}): extra {k!r} dropped: {why} "
+                    f"(counted in reward/{self.cfg.name}/dropped_extras)",
+                    file=sys.stderr,
+                    flush=True,
+                )
 
     def verifier(self) -> Verifier:
         return FunctionVerifier(self)

@@ -15,7 +15,8 @@ It returns one raw result per sample (whatever the function returned; :func:`nor
 The worker reads requests as base64 pickles (spec, signature, keyword arguments, samples) and answers
 ``{"ok": True, "values": [normal(value), ...]}`` or ``{"ok": False, "error": "file:line: Type: message"}``;
 its address space is capped at ``VLRFT_WORKER_MEMORY_MB`` (a function that allocates without bound gets a
-``MemoryError``).
+``MemoryError``). A ``SystemExit`` or ``KeyboardInterrupt`` the function raises is its failure like any other
+exception, in the worker and inline alike.
 """
 
 from __future__ import annotations
@@ -67,37 +68,53 @@ def call(fn: Callable[..., Any], signature: str, samples: list[Any], kwargs: dic
     return list(out)
 
 
-def normal(raw: Any) -> tuple[float | None, dict[str, float], str]:
-    """``(score, extras, "")`` from one raw result (a number, or a dict with ``score`` and other numbers), or
-    ``(None, {}, why)`` when it is not one (a NaN, a string, None, a dict without a numeric score)."""
+def _number(raw: Any, want: str) -> tuple[float | None, str]:
+    """``(value, "")`` of a finite number (a 0-d tensor or numpy scalar too), else ``(None, why)``."""
+    if hasattr(raw, "item") and getattr(raw, "ndim", 1) == 0 and not isinstance(raw, (int, float)):
+        raw = raw.item()
+    if isinstance(raw, bool) or not isinstance(raw, (int, float)):
+        return None, f"returned {type(raw).__name__} {str(raw)[:40]!r}; want {want}"
+    try:
+        value = float(raw)
+    except OverflowError:
+        return None, f"returned an integer of {raw.bit_length()} bits, too large for a float"
+    return (value, "") if math.isfinite(value) else (None, f"returned {value}")
+
+
+def normal(raw: Any) -> tuple[float | None, dict[str, float], str, dict[str, str]]:
+    """``(score, extras, "", dropped)`` from one raw result (a number, or a dict with ``score`` and extra numbers),
+    or ``(None, {}, why, {})`` when it is not one (a NaN, a string, None, an integer too large for a float, a dict
+    without a numeric score). ``dropped``: the extras that are not finite numbers, with why (counted and reported
+    by the source, never silently lost)."""
     extras: dict[str, float] = {}
+    dropped: dict[str, str] = {}
     if isinstance(raw, dict):
         if "score" not in raw:
-            return None, {}, f"returned a dict without 'score' (keys {sorted(raw)[:5]})"
-        extras = {
-            str(k): float(v)
-            for k, v in raw.items()
-            if k != "score" and isinstance(v, (int, float)) and math.isfinite(v)
-        }
+            return None, {}, f"returned a dict without 'score' (keys {sorted(map(str, raw))[:5]})", {}
+        for k, v in raw.items():
+            if k != "score":
+                value, why = _number(v, "a finite number")
+                if value is None:
+                    dropped[str(k)] = why.removeprefix("returned ")
+                else:
+                    extras[str(k)] = value
         raw = raw["score"]
-    if isinstance(raw, bool) or not isinstance(raw, (int, float)):
-        if hasattr(raw, "item") and getattr(raw, "ndim", 1) == 0:  # a 0-d tensor or numpy scalar
-            raw = raw.item()
-        else:
-            return None, {}, f"returned {type(raw).__name__} {str(raw)[:40]!r}; want a number or a dict with 'score'"
-    value = float(raw)
-    if not math.isfinite(value):
-        return None, {}, f"returned {value}"
-    return value, extras, ""
+    value, why = _number(raw, "a number or a dict with 'score'")
+    if value is None:
+        return None, {}, why, {}
+    return value, extras, "", dropped
 
 
 def described(exc: BaseException, fn: Callable[..., Any]) -> str:
     """``file:line: Type: message`` at the innermost frame outside this module (the user's line); for a
-    :class:`BadReturn`, ``fn``'s definition and what it returned."""
+    :class:`BadReturn`, ``fn``'s definition and what it returned. A ``SystemExit`` or ``KeyboardInterrupt`` the
+    user's code raised is a failure of that code like any other (it never ends the run)."""
     if isinstance(exc, BadReturn):
         return f"{where(fn)}: {exc}"
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename != __file__]
     at = f"{frames[-1].filename}:{frames[-1].lineno}: " if frames else ""
+    if isinstance(exc, SystemExit):
+        return f"{at}SystemExit({exc.code!r}): a reward function may not end the run"
     return f"{at}{type(exc).__name__}: {str(exc)[:300]}"
 
 

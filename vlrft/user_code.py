@@ -4,7 +4,9 @@ A spec is ``path/to/file.py:name`` (a file, relative to the current directory) o
 (importable). :func:`load_callable` imports it once per process and returns the callable;
 :func:`where` names its file and line for messages; :func:`check_signature` says whether it accepts the
 arguments it will be called with. Failures are :class:`~vlrft.config.ConfigError` naming the config key,
-the spec and, for an import that raised, the file and line of the error.
+the spec and, for an import that raised, the file and line of the error; a file that is not Python is refused
+unread, and an import that has not finished after ``VLRFT_IMPORT_TIMEOUT_S`` (120 s) is refused naming the file
+(it runs in a thread, so that a module that hangs cannot hang preflight).
 """
 
 from __future__ import annotations
@@ -12,7 +14,9 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect
+import os
 import sys
+import threading
 import traceback
 from pathlib import Path
 from typing import Any, Callable
@@ -20,6 +24,7 @@ from typing import Any, Callable
 from vlrft.config import ConfigError
 
 _loaded: dict[str, Callable[..., Any]] = {}
+IMPORT_TIMEOUT_S = 120.0  # importing on a busy 2-core machine can take a while (as a worker's start-up)
 
 
 def is_spec(value: str) -> bool:
@@ -35,6 +40,8 @@ def _module(target: str, key: str, spec: str) -> Any:
         path = Path(target).expanduser().resolve()
         if not path.is_file():
             raise ConfigError(f"{key}={spec}: no such file {path}")
+        if path.suffix != ".py":
+            raise ConfigError(f"{key}={spec}: {path} is not a Python file; want path/to/file.py:function")
         name = f"vlrft_user_{abs(hash(str(path)))}"
         if name in sys.modules:
             return sys.modules[name]
@@ -42,19 +49,62 @@ def _module(target: str, key: str, spec: str) -> Any:
         module = importlib.util.module_from_spec(loader_spec)
         sys.modules[name] = module
         try:
-            loader_spec.loader.exec_module(module)
+            _within_time(lambda: loader_spec.loader.exec_module(module), path)
         except BaseException as exc:  # noqa: BLE001 - the user's import error, located
-            del sys.modules[name]
+            sys.modules.pop(name, None)
+            if isinstance(exc, _TooSlow):
+                raise ConfigError(f"{key}={spec}: {exc}") from None
             raise ConfigError(f"{key}={spec}: importing {path} failed: {_located(exc, path)}") from exc
         return module
     try:
-        return importlib.import_module(target)
+        return _within_time(lambda: importlib.import_module(target), target)
     except ModuleNotFoundError as exc:
+        if Path(target).expanduser().is_file():  # data.json:fn, script.sh:fn
+            raise ConfigError(
+                f"{key}={spec}: {target} is a file but not a Python file; want path/to/file.py:function"
+            ) from None
         raise ConfigError(
             f"{key}={spec}: no module {target!r} ({exc}); give a file path or an importable module"
         ) from exc
+    except _TooSlow as exc:
+        raise ConfigError(f"{key}={spec}: {exc}") from None
     except BaseException as exc:  # noqa: BLE001
         raise ConfigError(f"{key}={spec}: importing {target} failed: {_located(exc, None)}") from exc
+
+
+class _TooSlow(Exception):
+    """An import of the user's code that did not finish in time."""
+
+
+def import_timeout_s() -> float:
+    """How long importing the user's module may take (``VLRFT_IMPORT_TIMEOUT_S``, default 120 s)."""
+    try:
+        return float(os.environ.get("VLRFT_IMPORT_TIMEOUT_S", "") or IMPORT_TIMEOUT_S)
+    except ValueError:
+        raise ConfigError(f"VLRFT_IMPORT_TIMEOUT_S={os.environ['VLRFT_IMPORT_TIMEOUT_S']!r}: want seconds") from None
+
+
+def _within_time(job: Callable[[], Any], what: Any) -> Any:
+    """``job()`` (an import of the user's code) run in a thread for at most :func:`import_timeout_s` seconds: a
+    module that hangs at import is a ConfigError naming it, not a preflight that never ends (the thread is left
+    behind, a daemon)."""
+    done: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            done["value"] = job()
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            done["error"] = exc
+
+    limit = import_timeout_s()
+    thread = threading.Thread(target=run, name="vlrft-import", daemon=True)
+    thread.start()
+    thread.join(limit)
+    if thread.is_alive():
+        raise _TooSlow(f"importing {what} did not finish within {limit:g} s (VLRFT_IMPORT_TIMEOUT_S)")
+    if "error" in done:
+        raise done["error"]
+    return done["value"]
 
 
 def _located(exc: BaseException, path: Path | None) -> str:

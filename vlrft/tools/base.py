@@ -121,6 +121,7 @@ _TYPES = {
     "boolean": (bool,),
     "array": (list,),
     "object": (dict,),
+    "null": (type(None),),
 }
 
 
@@ -143,9 +144,10 @@ def check_arguments(parameters: dict[str, Any], arguments: dict[str, Any]) -> st
 def _check_value(schema: dict[str, Any], value: Any, where: str) -> str | None:
     kind = schema.get("type")
     if kind is not None:
-        types = _TYPES.get(kind, (object,))
-        if isinstance(value, bool) and kind != "boolean" or not isinstance(value, types):
-            return f"{where} must be {kind}, got {json.dumps(value)[:40]}"
+        kinds = kind if isinstance(kind, list) else [kind]  # ["integer", "null"]: either
+        types = tuple(t for k in kinds for t in _TYPES.get(k, (object,)))
+        if isinstance(value, bool) and "boolean" not in kinds or not isinstance(value, types):
+            return f"{where} must be {' or '.join(kinds)}, got {json.dumps(value)[:40]}"
     if "enum" in schema and value not in schema["enum"]:
         return f"{where}={json.dumps(value)[:40]} is not one of {', '.join(map(str, schema['enum']))}"
     if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -161,3 +163,40 @@ def _check_value(schema: dict[str, Any], value: Any, where: str) -> str | None:
             if why:
                 return why
     return None
+
+
+def schema_problem(parameters: Any) -> str | None:
+    """What makes ``parameters`` unusable as a tool's argument schema (the subset :func:`check_arguments` reads: an
+    object, ``properties`` a dict of schemas, ``required`` a list of their names), or None when it is usable."""
+    if not isinstance(parameters, dict):
+        return f"its parameters are a {type(parameters).__name__}; want a JSON schema (a dict) of type object"
+    if parameters.get("type", "object") != "object":
+        return f"its parameters are of type {parameters.get('type')!r}; want type object"
+    props = parameters.get("properties", {})
+    if not isinstance(props, dict):
+        return f"'properties' is a {type(props).__name__}; want a dict of argument name -> schema"
+    required = parameters.get("required", [])
+    if not isinstance(required, list) or not all(isinstance(k, str) for k in required):
+        return f"'required' is {json.dumps(required, default=repr)[:40]}; want a list of argument names"
+    missing = [k for k in required if k not in props]
+    if missing:
+        return f"'required' names {missing[0]!r}, which is not in 'properties' ({', '.join(props) or 'none'})"
+    for key, schema in props.items():
+        why = _value_schema_problem(schema, f"properties.{key}")
+        if why:
+            return why
+    return None
+
+
+def _value_schema_problem(schema: Any, where: str) -> str | None:
+    if not isinstance(schema, dict):
+        return f"'{where}' is a {type(schema).__name__}; want a dict (a JSON schema)"
+    kinds = schema.get("type", [])
+    if not all(isinstance(k, str) and k in _TYPES for k in (kinds if isinstance(kinds, list) else [kinds])):
+        return f"'{where}.type' is {json.dumps(kinds, default=repr)[:40]}; want one of {', '.join(_TYPES)}"
+    if "enum" in schema and not isinstance(schema["enum"], list):
+        return f"'{where}.enum' is a {type(schema['enum']).__name__}; want a list"
+    for bound in ("minimum", "maximum", "minItems", "maxItems"):
+        if bound in schema and (isinstance(schema[bound], bool) or not isinstance(schema[bound], (int, float))):
+            return f"'{where}.{bound}' is {json.dumps(schema[bound], default=repr)[:40]}; want a number"
+    return _value_schema_problem(schema["items"], f"{where}.items") if "items" in schema else None

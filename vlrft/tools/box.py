@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import inspect
 import pickle
+import traceback
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
@@ -25,13 +26,17 @@ from typing import Any
 from PIL import Image
 from transformers.utils import get_json_schema
 
+from data_pipelines.images import DEFAULT_MAX_IMAGE_PIXELS
 from vlrft.config import ConfigError, option
-from vlrft.tools.base import CallError, Tool, ToolCall, ToolResult, check_arguments
+from vlrft.tools.base import CallError, Tool, ToolCall, ToolResult, check_arguments, schema_problem
 from vlrft.tools.builtin import BUILTIN_TOOLS, ToolContext, ToolFailure
 from vlrft.user_code import is_spec, load_callable, where
 from vlrft.workers import WorkerPool
 
 CONTEXT_PARAMETERS = ("images",)  # what a user tool may ask for besides its arguments
+# a tool's text is cut to this many characters per token of tools.max_tokens before it is tokenized: more than any
+# text that fits the budget needs (a few characters per token), so a tool answering megabytes costs nothing
+CHARS_PER_TOKEN = 32
 
 
 @dataclass
@@ -52,6 +57,7 @@ class ToolsConfig:
         "process", "your tools run in worker processes (killed past timeout_s) or inline", choices=("process", "inline")
     )
     num_workers: int = option(2, "worker processes for your tools (isolation: process)", ge=1)
+    memory_limit_mb: int = option(4096, "address-space limit of a tool's worker process (0: none)", ge=0)
     call_reward: float = option(
         0.0, "added to a trajectory's reward per call that ran (negative: a penalty)", finite=True
     )
@@ -71,12 +77,13 @@ class ToolsConfig:
 
 def _user_schema(fn: Any, spec: str, key: str) -> tuple[str, str, dict]:
     given = getattr(fn, "schema", None)
+    at = f"{key}={spec}: {where(fn)}"
     if given is None:
         try:
             given = get_json_schema(fn)
         except Exception as exc:  # noqa: BLE001 - transformers' message says what the docstring lacks
             raise ConfigError(
-                f"{key}={spec}: {where(fn)}: no schema: give the function a `schema` attribute (a JSON schema "
+                f"{at}: no schema: give the function a `schema` attribute (a JSON schema "
                 f"of its arguments) or type hints and a Google-style docstring ({exc})"
             ) from exc
         params = given["function"]["parameters"]
@@ -84,10 +91,24 @@ def _user_schema(fn: Any, spec: str, key: str) -> tuple[str, str, dict]:
             params.get("properties", {}).pop(name, None)
             if name in params.get("required", []):
                 params["required"].remove(name)
-    function = given.get("function", given) if given.get("type") == "function" else None
-    if function is not None:
-        return function["name"], function.get("description", ""), function.get("parameters", {})
-    return fn.__name__, (inspect.getdoc(fn) or "").split("\n")[0], given
+    if not isinstance(given, dict):
+        raise ConfigError(
+            f"{at}: its schema is a {type(given).__name__}; want a dict: a JSON schema of its arguments, or "
+            '{"type": "function", "function": {"name": ..., "parameters": ...}}'
+        )
+    if given.get("type") == "function":
+        function = given.get("function")
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str) or not function["name"]:
+            raise ConfigError(
+                f'{at}: its schema {{"type": "function", ...}} names no tool: want "function": {{"name": ...}}'
+            )
+        name, description, params = function["name"], function.get("description", ""), function.get("parameters", {})
+    else:
+        name, description, params = fn.__name__, (inspect.getdoc(fn) or "").split("\n")[0], given
+    why = schema_problem(params) or (None if isinstance(description, str) else "its description is not text")
+    if why:
+        raise ConfigError(f"{at}: tool {name!r}: {why}")
+    return name, description, params
 
 
 def load_tools(cfg: ToolsConfig, key: str = "tools.names") -> list[Tool]:
@@ -101,8 +122,6 @@ def load_tools(cfg: ToolsConfig, key: str = "tools.names") -> list[Tool]:
         if is_spec(name):
             fn = load_callable(name, where_key)
             tool_name, description, params = _user_schema(fn, name, where_key)
-            if params.get("type", "object") != "object":
-                raise ConfigError(f"{where_key}={name}: its schema's parameters must be of type object")
             tools.append(Tool(tool_name, description, params, fn, spec=name))
         elif name in BUILTIN_TOOLS:
             tools.append(BUILTIN_TOOLS[name])
@@ -122,11 +141,16 @@ def check_tools(cfg: ToolsConfig, key: str = "tools") -> None:
     load_tools(cfg, f"{key}.names")
 
 
+class ToolReturnError(TypeError):
+    """A user tool returned something that is not a tool's answer; the message names the tool's file and line."""
+
+
 def user_result(raw: Any) -> ToolResult:
-    """A user tool's return value as a :class:`ToolResult` (raises ``TypeError`` naming what it got)."""
+    """A user tool's return value as a :class:`ToolResult` (raises ``TypeError`` naming what it got, ``ValueError``
+    for an image over the record images' cap ``DEFAULT_MAX_IMAGE_PIXELS``, checked before it is converted)."""
     if isinstance(raw, ToolResult):
-        return raw
-    if isinstance(raw, dict) and set(raw) <= {"text", "images"}:
+        parts = [raw.text, *raw.images]
+    elif isinstance(raw, dict) and set(raw) <= {"text", "images"}:
         parts = [raw.get("text") or ""] + list(raw.get("images") or [])
     else:
         parts = list(raw) if isinstance(raw, (list, tuple)) else [raw]
@@ -135,6 +159,12 @@ def user_result(raw: Any) -> ToolResult:
         if isinstance(part, str):
             out.text += part
         elif isinstance(part, Image.Image):
+            w, h = part.size
+            if w * h > DEFAULT_MAX_IMAGE_PIXELS:
+                raise ValueError(
+                    f"returned a {w}x{h} image ({w * h} pixels), more than the {DEFAULT_MAX_IMAGE_PIXELS} a record "
+                    "image may have"
+                )
             out.images.append(part.convert("RGB"))
         elif isinstance(part, (int, float)) and not isinstance(part, bool):
             out.text += str(part)
@@ -145,10 +175,35 @@ def user_result(raw: Any) -> ToolResult:
     return out
 
 
-def call_user_tool(fn: Any, arguments: dict[str, Any], images: list[Image.Image]) -> ToolResult:
-    """Call a user tool (in whichever process runs it)."""
+def cut_text(result: ToolResult, max_chars: int) -> ToolResult:
+    """``result`` with its text cut to ``max_chars`` characters (a note says how many more there were)."""
+    if len(result.text) <= max_chars:
+        return result
+    more = len(result.text) - max_chars
+    return ToolResult(f"{result.text[:max_chars]}\n[{more} more characters cut]", result.images)
+
+
+def call_user_tool(fn: Any, arguments: dict[str, Any], images: list[Image.Image], max_chars: int) -> ToolResult:
+    """Call a user tool (in whichever process runs it): its answer checked (a wrong one is a
+    :class:`ToolReturnError` naming the tool's file and line) and its text cut to ``max_chars``."""
     extra = {"images": images} if "images" in inspect.signature(fn).parameters else {}
-    return user_result(fn(**arguments, **extra))
+    raw = fn(**arguments, **extra)
+    try:
+        return cut_text(user_result(raw), max_chars)
+    except (TypeError, ValueError) as exc:
+        raise ToolReturnError(f"{where(fn)} ({getattr(fn, '__name__', fn)}): {exc}") from None
+
+
+def failure(exc: BaseException) -> str:
+    """A user tool's failure as the model is told it: ``file:line: Type: message`` at the innermost frame (the
+    tool's own line), or what it returned (:class:`ToolReturnError`, located at the tool)."""
+    if isinstance(exc, ToolReturnError):
+        return str(exc)
+    frames = traceback.extract_tb(exc.__traceback__)
+    at = f"{frames[-1].filename}:{frames[-1].lineno}: " if frames else ""
+    if isinstance(exc, SystemExit):
+        return f"{at}SystemExit({exc.code!r}): a tool may not end the run"
+    return f"{at}{type(exc).__name__}: {str(exc)[:200]}"
 
 
 class ToolBox:
@@ -161,8 +216,10 @@ class ToolBox:
         self._threads = ThreadPoolExecutor(max_workers=8, thread_name_prefix="tool")  # in-process calls
         self._batch = ThreadPoolExecutor(max_workers=8, thread_name_prefix="tool-batch")  # a batch's calls at once
         self.workers = None
+        self.max_chars = cfg.max_tokens * CHARS_PER_TOKEN
         if cfg.isolation == "process" and any(t.spec for t in self.tools.values()):
-            self.workers = WorkerPool("vlrft.tools.worker")
+            memory = {"VLRFT_WORKER_MEMORY_MB": str(cfg.memory_limit_mb)}
+            self.workers = WorkerPool("vlrft.tools.worker", env=memory, log="tools")
             self.workers.prestart(cfg.num_workers)
 
     def run(self, call: ToolCall, images: list[Any]) -> ToolResult | CallError:
@@ -177,9 +234,10 @@ class ToolBox:
         if tool.spec and self.workers is not None:
             return self._in_worker(tool, call, images)
         if tool.spec:
-            job = lambda: call_user_tool(tool.fn, call.arguments, [v.original for v in images])  # noqa: E731
+            originals = [v.original for v in images]
+            job = lambda: call_user_tool(tool.fn, call.arguments, originals, self.max_chars)  # noqa: E731
         else:
-            job = lambda: tool.fn(ToolContext(images, self.bounds), **call.arguments)  # noqa: E731
+            job = lambda: cut_text(tool.fn(ToolContext(images, self.bounds), **call.arguments), self.max_chars)  # noqa: E731
         future = self._threads.submit(job)
         try:
             return future.result(timeout=self.cfg.timeout_s)
@@ -187,15 +245,20 @@ class ToolBox:
             return CallError("timeout", f"{call.name} took longer than {self.cfg.timeout_s:g} s", call.name)
         except ToolFailure as exc:
             return CallError("bad_arguments", f"{call.name}: {exc}", call.name)
-        except Exception as exc:  # noqa: BLE001 - the tool's failure is the model's observation, and counted
-            return CallError("raised", f"{call.name} failed: {type(exc).__name__}: {str(exc)[:200]}", call.name)
+        except (Exception, SystemExit, KeyboardInterrupt) as exc:  # noqa: BLE001 - the model's observation, counted
+            return CallError("raised", f"{call.name} failed: {failure(exc)}", call.name)
 
     def run_many(self, jobs: list[tuple[ToolCall, list[Any]]]) -> list[ToolResult | CallError]:
         """:meth:`run` of each (call, images), concurrently: a slow call does not hold up the others."""
         return list(self._batch.map(lambda job: self.run(*job), jobs))
 
     def _in_worker(self, tool: Tool, call: ToolCall, images: list[Any]) -> ToolResult | CallError:
-        request = {"spec": tool.spec, "arguments": call.arguments, "images": [v.original for v in images]}
+        request = {
+            "spec": tool.spec,
+            "arguments": call.arguments,
+            "images": [v.original for v in images],
+            "max_chars": self.max_chars,
+        }
         line, why = self.workers.call(base64.b64encode(pickle.dumps(request)), self.cfg.timeout_s)
         if line is None and why == "timeout":
             return CallError("timeout", f"{call.name} took longer than {self.cfg.timeout_s:g} s", call.name)
