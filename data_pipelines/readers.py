@@ -28,7 +28,7 @@ from data_pipelines.images import (
     IMAGE_FACTOR,
     load_image,
 )
-from data_pipelines.records import IMAGE_PLACEHOLDER, JudgmentRecord, PreferencePair, PromptRecord
+from data_pipelines.records import IMAGE_PLACEHOLDER, JudgmentRecord, PreferencePair, PromptRecord, unread_fields
 from data_pipelines.sources import open_rows
 
 logger = logging.getLogger("data_pipelines")
@@ -51,6 +51,19 @@ class SkipReport:
     kept: int = 0
     counts: Counter = field(default_factory=Counter)
     first: dict[str, str] = field(default_factory=dict)
+    unread: Counter = field(default_factory=Counter)  # a field vlrft does not read -> records that have it
+    unread_records: int = 0  # records with at least one such field
+
+    def unread_line(self) -> str | None:
+        """One line counting the records that carry fields vlrft does not read (per field), or None."""
+        if not self.unread_records:
+            return None
+        fields = ", ".join(f"{name} ({n})" for name, n in sorted(self.unread.items()))
+        have = "record has" if self.unread_records == 1 else "records have"
+        return (
+            f"{self.source}: {self.unread_records} {have} fields vlrft does not read: {fields}; they are kept in "
+            "the records' metadata only"
+        )
 
     def add(self, err: DataError) -> None:
         self.counts[err.category] += 1
@@ -109,8 +122,15 @@ def read_records(
         factor=image_factor,
     )
     stem = Path(str(source)).stem or "record"
+    unread = unread_fields(RECORD_TYPES[kind])
+    seen: Counter = Counter()  # unread field -> rows that give it
+    seen_rows = 0
 
     def make(row: dict[str, Any], row_no: int, index: int) -> Record:
+        nonlocal seen_rows
+        given = {(column_map or {}).get(col, col) for col, value in row.items() if value is not None} & unread
+        seen.update(given)
+        seen_rows += bool(given)
         record = record_from_row(
             row,
             kind,
@@ -122,7 +142,16 @@ def read_records(
             check(record)
         return record
 
-    return collect(rows, label, make, on_bad_record=on_bad_record, limit=limit, unique_ids=unique_ids)
+    records, report = collect(rows, label, make, on_bad_record=on_bad_record, limit=limit, unique_ids=unique_ids)
+    report.unread, report.unread_records = seen, seen_rows
+    line = report.unread_line()
+    if line is not None and line not in _WARNED:  # once per process: preflight and the run read the same file
+        _WARNED.add(line)
+        logger.warning("%s", line)
+    return records, report
+
+
+_WARNED: set[str] = set()  # unread-field lines already logged
 
 
 def collect(

@@ -56,3 +56,16 @@ class JudgmentRecord:
     task: str = "default"
     system: str | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
+
+
+# media a record may carry that vlrft does not read yet (video lands with the media path of round 4)
+UNREAD_MEDIA = ("videos", "video", "audio", "audios")
+
+
+def unread_fields(cls: type) -> frozenset[str]:
+    """Row fields a reader of ``cls`` records does not read although they look like record fields: the other
+    record kinds' own fields (``chosen`` in a prompt file: a preference file given as prompts?) and
+    :data:`UNREAD_MEDIA`. Such a value is kept in ``metadata`` only, and the reader counts it in one warning."""
+    kinds = (PromptRecord, PreferencePair, JudgmentRecord)
+    others = {name for kind in kinds for name in kind.__dataclass_fields__} - set(cls.__dataclass_fields__)
+    return frozenset(others | set(UNREAD_MEDIA))

@@ -124,3 +124,32 @@ def test_answer_of_reads_what_the_verifier_extracts_or_the_response_itself():
         extracts = False
 
     assert answer_of(Scorer(), "  Maybe   Red ", record) == "maybe red"
+
+
+def test_the_held_out_signature_fires_on_collapsed_evaluations_that_do_not_rise_and_not_on_a_passing_phase():
+    """The other signature (issue 64, item 6): the held-out greedy answers collapsed at ``evals`` evaluations in a
+    row while the held-out accuracy did not rise (the junk collapse: groups mixed by the junk, held-out at chance).
+    A one-answer phase that learns within two evaluations (the showcase: 0.25, 0.25, 0.75) stays quiet."""
+    strategy = make_strategy(StrategyConfig())
+    said: list[str] = []
+    monitor = CollapseMonitor(get_verifier("vocab_answer"), 0.8, 5, strategy, said.append, evals=3)
+    one = {"answers/distinct_prompts": 64.0, "answers/top_share": 1.0, "answers/gold_top_share": 0.5}
+    varied = {**one, "answers/top_share": 0.5}
+    for step, figures in [(0, varied), (25, one), (50, one)]:
+        monitor.heldout(step, {**figures, "accuracy": 0.5})
+        assert monitor.start(step + 1) is None
+    monitor.heldout(75, {**one, "accuracy": 0.5})  # the third in a row, accuracy flat: fires, once
+    assert monitor.start(76) == 25 and len(said) == 1
+    assert said[0].startswith("step 75: alarm: answer collapse: the held-out answers were one answer for more than")
+    assert "(steps 25, 50, 75) while the held-out accuracy did not rise (0.5 -> 0.5)" in said[0]
+    monitor.heldout(100, {**one, "accuracy": 0.5})
+    assert monitor.start(101) == 50 and len(said) == 1  # still on, said once
+    again = CollapseMonitor(get_verifier("vocab_answer"), 0.8, 5, strategy, said.append, evals=3)
+    again.load_state_dict(monitor.state_dict())  # part of the checkpoint
+    assert again.start(101) == 50
+    monitor.heldout(125, {**varied, "accuracy": 0.75})  # learned: off
+    assert monitor.start(126) is None
+    passing = CollapseMonitor(get_verifier("vocab_answer"), 0.8, 5, strategy, said.append, evals=3)
+    for step, acc in [(25, 0.25), (50, 0.25), (75, 0.25)]:  # collapsed but rising at the third: quiet
+        passing.heldout(step, {**(one if step < 75 else varied), "accuracy": acc if step < 75 else 0.75})
+    assert passing.start(76) is None and len(said) == 1

@@ -89,3 +89,14 @@ def test_suppressed_tokens_give_the_log_probs_of_the_sampling_distribution(tiny_
     got.sum().backward()
     head = model.get_output_embeddings().weight.grad
     assert head[banned].abs().max() == 0 and head.abs().max() > 0
+
+
+def test_samples_jsonl_keeps_a_records_text_to_a_bound():
+    """Issue 64, item 2: a record's prompt or answer of megabytes is kept to SAMPLE_TEXT_CHARS in samples.jsonl,
+    the cut counted; short text and non-text values unchanged."""
+    from vlrft.trainer.experience import SAMPLE_TEXT_CHARS, clip_text
+
+    huge = "x" * (5 * 2**20)
+    cut = clip_text(huge)
+    assert cut == "x" * SAMPLE_TEXT_CHARS + f"... [{len(huge) - SAMPLE_TEXT_CHARS} more characters]"
+    assert clip_text("red") == "red" and clip_text(None) is None and clip_text(["a"]) == ["a"]

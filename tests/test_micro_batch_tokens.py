@@ -82,8 +82,8 @@ def _supervised_update(path, kind: str, extra: list[str]) -> tuple[dict, dict]:
         records = [chat_from_prompt(r, " ".join([r.answer] * (1 + 3 * (i % 3)))) for i, r in enumerate(prompts)]
     else:
         ref, _, _ = strategy.prepare(load_model(str(path))[0], trainable=False)
-        task = DPOTask(proc, cfg, strategy, ref)
         records = make_preference_pairs("color", 6, 2)
+        task = DPOTask(proc, cfg, strategy, ref, records)
     grads: dict = {}
     capture_gradients(strategy, model, grads)
     t = cfg.train

@@ -30,7 +30,7 @@ def _refused(overrides: list[str], path=None) -> str:
     [
         ("rollout.temperature=0", "rollout.temperature=0.0: must be > 0 for training"),
         ("rollout.temperature=-1", "rollout.temperature=-1.0: must be > 0 for training"),
-        ("rollout.temperature=.nan", "rollout.temperature=nan: must be > 0 for training"),
+        ("rollout.temperature=.nan", "rollout.temperature=nan: not finite; must be > 0 for training"),
         ("algorithm.kl_coef=-0.5", "algorithm.kl_coef=-0.5: must be >= 0"),
         ("algorithm.clip_high=-0.1", "algorithm.clip_high=-0.1: must be >= 0"),
         ("algorithm.clip_low=1.5", "algorithm.clip_low=1.5: must be >= 0 and <= 1"),

@@ -4,10 +4,12 @@ defaults, `vlrft eval` on their output, LoRA with a frozen vision tower."""
 from __future__ import annotations
 
 import json
+import pickle
 import time
 from pathlib import Path
 
 import pytest
+import torch
 from tolerance import assert_within
 
 from data_pipelines.synthetic import make_prompt_records, write_prompt_records
@@ -115,6 +117,31 @@ def test_dpo_precomputed_reference_gives_the_same_training(tiny_model, tmp_path)
     for name in ("precomputed", "micro"):
         diff = max((states[name][k].double() - v.double()).abs().max().item() for k, v in states["live"].items())
         assert_within(diff, 6e-5, f"DPO {name} vs live reference: max |param difference| after two AdamW steps")
+
+
+def test_dpo_reference_log_probs_travel_with_the_checkpoint(tiny_model):
+    """A pair's reference log-probs depend on the layout of the batch they are computed in (its neighbours and
+    padding change the float32 sums on some CPUs), so they are computed once, where the pair is first met, and kept
+    in the checkpoint: a resumed task takes the checkpointed values and never recomputes them in another batch (the
+    cause of the DPO resume that was not bitwise on an Intel Xeon: epoch 2 recomputed what epoch 1 had cached)."""
+    from vlrft.supervised import batch_indices
+    from vlrft.trainer.supervised_config import DPOTrainConfig
+    from vlrft.trainer.supervised_run import DPOTask, preference_pairs
+
+    cfg = load_config(DPOTrainConfig, None, [f"model.path={tiny_model('qwen2_5_vl')}"])
+    model, processor = load_model(tiny_model("qwen2_5_vl"))
+    strategy = make_strategy(cfg.strategy, cfg.optim)
+    ref, _, _ = strategy.prepare(model, trainable=False)
+    pairs = preference_pairs(cfg.data.train_source, 8, cfg.train.seed, cfg, processor)
+    epochs = [[pairs[i] for i in batch_indices(8, step, 4, 0, 1, cfg.train.seed, 1)] for step in range(4)]
+    first = DPOTask(processor, cfg, strategy, ref, pairs)
+    for batch in epochs[:2]:  # the first epoch computes every pair's reference
+        first.reference(batch)
+    resumed = DPOTask(processor, cfg, strategy, None, pairs)  # no reference model: nothing may be recomputed
+    resumed.load_state_dict(pickle.loads(pickle.dumps(first.state_dict())))  # what a checkpoint keeps
+    for batch in epochs[2:]:  # the second epoch's batches: the first epoch's values, bitwise
+        assert torch.equal(resumed.reference(batch), first.reference(batch))
+    assert len(first.state_dict()["ref_logps"]) == 8
 
 
 def test_both_commands_train_on_user_files(tiny_model, tmp_path):

@@ -49,9 +49,10 @@ def test_grpo_from_scratch_learns_the_yes_no_question_with_the_strict_reward(tmp
     # learned with margin: >= 0.9 at each of the last three evaluations (measured: 1.0 from step 200 on, and at
     # steps 100-125 before a dip to 0.75)
     assert min(evals[250], evals[275], evals[300]) >= 0.9, evals
-    # the policy first says one word to every image for a while (the alarm rightly fired: at step 54 of the
-    # measured run; at steps 48-108 with train.seed=1, 1.0 from step 150), then reads the image; the last third
-    # of the run is quiet
+    # the policy first says one word to every image for a while (held-out 0.5 at steps 25-75, 1.0 from 100; with
+    # train.seed=1 one word at steps 48-108, 1.0 from 150), then reads the image; its groups stay mixed, so the alarm
+    # that needs a collapse it cannot leave (issue 64) is quiet here (measured: never; the old answer-only alarm
+    # fired at step 54), and the last third of the run is quiet whatever the seed
     assert not [s for s in _alarms(out) if s >= 200], _alarms(out)
     strict = get_verifier("vocab_answer")
     last = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()][-32:]
@@ -109,7 +110,9 @@ def test_the_lenient_junk_collapse_raises_the_alarm_that_frac_reward_zero_std_mi
     assert max(_evals(out).values()) <= 0.6, _evals(out)  # held-out accuracy never leaves chance (0.5)
     assert sum(r["frac_reward_zero_std"] for r in late) / len(late) <= 0.2  # the old collapse reading sees nothing
     alarms = _alarms(out)
-    assert len(alarms) >= 10 and alarms[0] <= 100, alarms  # measured: from step 37, 47 steps of 150
+    # the held-out signature (issue 64): the greedy answers one word at the evaluations of steps 25-100 (4 in a row,
+    # train.collapse_evals) while held-out stays 0.5; measured: the alarm from step 101 to the end, 50 steps of 150
+    assert len(alarms) >= 10 and alarms[0] <= 101, alarms
     # what it learned is junk: the strict reading credits almost none of the late samples
     strict = get_verifier("vocab_answer")
     samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]

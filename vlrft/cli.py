@@ -6,7 +6,8 @@ sets ``func`` to the function that runs it. Heavy imports happen inside those fu
 
 A failure with a known cause (``KNOWN_FAILURES``) prints one line, ``vlrft COMMAND: KIND: MESSAGE``, on
 stderr and exits with code 2 (75 for a preempted run, which the same command continues); ``--debug`` (or
-``VLRFT_DEBUG=1``) shows its traceback too. Any other exception keeps its traceback.
+``VLRFT_DEBUG=1``) shows its traceback too. Any other exception keeps its traceback. Ctrl-C is one line too (what it
+cost the command: ``INTERRUPTED``), exit code 130.
 """
 
 from __future__ import annotations
@@ -38,6 +39,16 @@ KNOWN_FAILURES: dict[type[BaseException], str] = {
 QUIET_LOGS = {
     "DeepSpeed": ("Setting accelerator to CPU. If you have GPU or other accelerator, we were unable to detect it.",),
 }
+
+# what the Ctrl-C line adds for a command (a training run stopped by a second Ctrl-C, or by one before its loop began,
+# loses the steps after its last checkpoint; a first Ctrl-C or a preemption signal stops it after the current step
+# with a checkpoint instead: vlrft.loop)
+_TRAINING = (
+    "; the steps after the run's last complete checkpoint are lost (a first Ctrl-C, or `kill -TERM PID`, stops a "
+    "run after its current step with a checkpoint instead, and the same command continues it)"
+)
+INTERRUPTED = {name: _TRAINING for name in ("train-policy", "train-sft", "train-dpo", "train-reward-model")}
+INTERRUPTED["eval"] = "; the samples written so far are kept, and the same command continues from them"
 
 COMMANDS = [
     "vlrft.commands.make_tiny_model",
@@ -107,6 +118,18 @@ def main(argv: list[str] | None = None) -> int:
     debug = flagged or os.environ.get("VLRFT_DEBUG", "0") not in ("", "0", "false", "False")
     try:
         code = int(args.func(args) or 0)
+    except KeyboardInterrupt:  # Ctrl-C: one line saying what it cost, not a traceback from wherever it landed
+        if debug:
+            traceback.print_exc()
+        print(f"vlrft {args.command}: interrupted (Ctrl-C){INTERRUPTED.get(args.command, '')}", file=sys.stderr)
+        code = 130  # 128 + SIGINT, as a shell reports it
+    except SystemExit as exc:  # raised deep inside (user code, a library): the command did not finish
+        if debug:
+            traceback.print_exc()
+        frames = traceback.extract_tb(exc.__traceback__)
+        at = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+        print(f"vlrft {args.command}: error: SystemExit({exc.code!r}) raised{at} ended it unfinished", file=sys.stderr)
+        code = exc.code if isinstance(exc.code, int) and exc.code != 0 else 2
     except Exception as exc:
         kind = known_failure(exc)
         if kind is None:

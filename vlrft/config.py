@@ -135,14 +135,16 @@ def range_rule(metadata: Any) -> str:
 
 def check_range(key: str, value: Any, metadata: Any) -> None:
     """Raise a :class:`ConfigError` naming ``key``, ``value`` and the rule when ``value`` breaks the
-    field's range (NaN and infinities break every range)."""
+    field's range (NaN and infinities break every range, and the message says they are not finite)."""
     bounds = metadata.get("range")
     if bounds is None or value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
         return
-    ok = math.isfinite(value) and all(RANGES[k][0](value, b) for k, b in bounds.items())
-    if not ok:
+    finite = math.isfinite(value)
+    if not finite or not all(RANGES[k][0](value, b) for k, b in bounds.items()):
         why = f" {metadata['why']}" if metadata.get("why") else ""
-        raise ConfigError(f"{key}={value}: must be {range_rule(metadata)}{why}")
+        rule = range_rule(metadata)
+        said = "not finite; " if not finite and rule != "finite" else ""  # inf passes "> 0": say what is wrong
+        raise ConfigError(f"{key}={value}: {said}must be {rule}{why}")
 
 
 def _check_choices(obj: Any, prefix: str = "") -> None:

@@ -41,11 +41,13 @@ from vlrft.errors import Preempted
 from vlrft.liveness import watch_ranks
 from vlrft.models.tiny import initial_model_path
 from vlrft.nonfinite import NonFiniteGuard
+from vlrft.outcome import BEST, BestModel, CollapseError, CollapsePolicy, best_json
 from vlrft.run_config import resume_changes
 from vlrft.run_folder import run_in_folder
 from vlrft.strategies import make_strategy, rng_state, seed_everything, set_rng_state
 from vlrft.summary import summary_json, write_summary
 from vlrft.tracking import Tracker, truncate_run_logs
+from vlrft.workers import worker_logs
 
 CHECKPOINTS = "checkpoints"
 FINAL = "final"
@@ -78,6 +80,13 @@ class Trainer:
         """Other strategies whose checkpoints go with the run's (folder name -> strategy; e.g. a critic)."""
         return {}
 
+    best_metric: str | None = "accuracy"  # the held-out metric best/ follows unless train.best_metric names another
+
+    def collapse_start(self, step: int) -> int | None:
+        """After step ``step`` (1-based): the first step of a sustained collapse that holds now, or None (no trainer
+        but the policy's detects one: ``vlrft.trainer.collapse``)."""
+        return None
+
 
 class Run:
     """One owned run folder and its strategy; :meth:`fit` drives a :class:`Trainer` in it."""
@@ -90,6 +99,9 @@ class Run:
         self.guard = NonFiniteGuard(self.train.max_nonfinite_steps)  # trainers report into it; the loop counts
         self.tracker: Tracker | None = None
         self.stop_signal: str | None = None  # set by a preemption signal's handler (training_run)
+        self.best = BestModel(self.train, None)  # fit() names the trainer's default metric
+        self.collapse = CollapsePolicy(self.train)
+        self._state: dict[str, Any] = {}  # the checkpoint state last restored
 
     # ------------------------------------------------------------------ before the trainer exists
     def initial_model(self, tool_tokens: bool = False) -> str:
@@ -113,6 +125,7 @@ class Run:
         """Train ``trainer`` to ``total_steps`` (resuming where a checkpoint says), export and summarise;
         returns the summary (also in ``summary.json``)."""
         s, t, out = self.strategy, self.train, self.out
+        self.best = BestModel(t, trainer.best_metric)
         start, history, resumed = self._resume(trainer)
         if s.is_rank0:
             (out / PREEMPTED).unlink(missing_ok=True)  # this run continues the preempted one
@@ -124,11 +137,12 @@ class Run:
         if self._stopping():  # asked to stop while the run was being built: nothing new to save
             self.tracker.close()
             raise Preempted(f"stopped by {self.stop_signal or 'a signal'} before step {start + 1}; {self._again()}")
-        eval_before = self._evaluate(trainer, 0) if start == 0 else None
+        eval_before = self._evaluate(trainer, 0, processor) if start == 0 else None
         eval_after = None
         sums: dict[str, float] = {}
         n_acc, t0 = 0, time.perf_counter()
-        for step in range(start, total_steps):
+        step = start
+        while step < total_steps:
             t_step = time.perf_counter()
             metrics = trainer.step(step)
             metrics.update(self.guard.end_step(step + 1))  # raises after too many skipped steps in a row
@@ -145,18 +159,24 @@ class Run:
                 history.append({"step": done, **row})
                 sums, n_acc, t0 = {}, 0, time.perf_counter()
             if last or (t.eval_every and done % t.eval_every == 0):  # before the progress line, which shows it
-                evaluated = self._evaluate(trainer, done)
+                evaluated = self._evaluate(trainer, done, processor)
                 if last:
                     eval_after = evaluated
             name, key = trainer.progress_metric
             self.tracker.advance(metrics.get(key, 0.0), name)
+            begin = trainer.collapse_start(done) if self.collapse.mode != "warn" else None
+            if begin is not None:
+                step, history = self._on_collapse(trainer, done, begin)
+                sums, n_acc, eval_after = {}, 0, None
+                continue
             if not last and t.save_every and done % t.save_every == 0:
                 self._save(trainer, done, history)
             if not last and self._stopping():
                 self._preempt(trainer, done, total_steps, history)
+            step = done
         self._save(trainer, total_steps, history)
         if eval_after is None:  # resumed at the end: no step ran
-            eval_after = self._evaluate(trainer, total_steps)
+            eval_after = self._evaluate(trainer, total_steps, processor)
         final = out / FINAL
         summary = {
             "command": self.command,
@@ -167,6 +187,8 @@ class Run:
             "eval_after": eval_after,
             "last_metrics": history[-1] if history else {},
             "resumed_from": str(resumed) if resumed else None,
+            "best": self._best_record(),
+            "rollbacks": self.collapse.rollbacks,
         }
         self._export(final, processor, summary)
         self.tracker.close()
@@ -177,11 +199,6 @@ class Run:
     def _export(self, final: Path, processor: Any, summary: dict[str, Any]) -> None:
         """The model (and ``summary.json`` beside it) written into ``final.tmp``, its manifest listing every file,
         then renamed into place: a half-written export never replaces a complete one."""
-        s, tmp, old = self.strategy, final.with_name(final.name + ".tmp"), final.with_name(final.name + ".old")
-        if s.is_rank0:  # what an export that was cut off left behind
-            checkpoints.atomic_dir(final)
-            checkpoints.remove_path(old)
-        s.barrier()
 
         def after() -> str:
             try:
@@ -192,17 +209,78 @@ class Run:
             done = checkpoints.checkpoint_dir(self.out / CHECKPOINTS, summary["steps"])
             return f"{kept}; checkpoint {done} is complete: free space and run the same command again to export it"
 
-        with checkpoints.storage_guard(f"final model {final}", tmp, after):
-            s.save_pretrained(tmp, processor)
-            if s.is_rank0:
-                (tmp / "summary.json").write_text(summary_json(summary))
-                checkpoints.write_manifest(tmp, checkpoints.run_id(self.out))
-        if s.is_rank0:
-            if final.exists():
-                os.replace(final, old)
-            os.replace(tmp, final)
+        self._write_model(final, processor, {"summary.json": summary_json(summary)}, f"final model {final}", after)
+
+    def _write_model(self, folder: Path, processor: Any, notes: dict[str, str], what: str, after: Any) -> None:
+        """The model and ``notes`` (file name -> text) into ``folder.tmp`` with a manifest, renamed into place (all
+        ranks: a sharded model is gathered)."""
+        s, tmp, old = self.strategy, folder.with_name(folder.name + ".tmp"), folder.with_name(folder.name + ".old")
+        if s.is_rank0:  # what a write that was cut off left behind
+            checkpoints.atomic_dir(folder)
             checkpoints.remove_path(old)
         s.barrier()
+        with checkpoints.storage_guard(what, tmp, after):
+            s.save_pretrained(tmp, processor)
+            if s.is_rank0:
+                for name, text in notes.items():
+                    (tmp / name).write_text(text)
+                checkpoints.write_manifest(tmp, checkpoints.run_id(self.out))
+        if s.is_rank0:
+            if folder.exists():
+                os.replace(folder, old)
+            os.replace(tmp, folder)
+            checkpoints.remove_path(old)
+        s.barrier()
+
+    # ------------------------------------------------------------------ what a run that goes wrong keeps
+    def _best_record(self) -> dict[str, Any] | None:
+        record = self.best.record()
+        return {**record, "path": str(self.out / BEST)} if record else None
+
+    def _offer_best(self, step: int, result: dict[str, float], processor: Any) -> None:
+        """``best/`` rewritten when this evaluation (step ``step``) beats the best so far."""
+        warning = self.best.missing(result)
+        if warning:
+            self.print(warning)
+        if not self.best.offer(step, result):
+            return
+        folder = self.out / BEST
+        self._write_model(
+            folder, processor, {"best.json": best_json(self.best.record())}, f"best model {folder}", lambda: ""
+        )
+
+    def _on_collapse(self, trainer: Trainer, done: int, begin: int) -> tuple[int, list[dict[str, float]]]:
+        """``train.on_collapse`` (stop or rollback) after step ``done``, the collapse having begun at step ``begin``;
+        returns the step to continue from and the metrics history there."""
+        c, t = self.collapse, self.train
+        best = self._best_record()
+        kept = f"best/ holds step {best['step']} ({best['metric']} {best['value']:.4g})" if best else "no best/"
+        since = f"step {done}: a sustained answer collapse since step {begin}"
+        if c.mode == "stop":
+            self.tracker.close()
+            raise CollapseError(f"{since}; train.on_collapse=stop ended the run; {kept}")
+        if len(c.rollbacks) >= c.max_rollbacks:
+            self.tracker.close()
+            raise CollapseError(f"{since}, after {len(c.rollbacks)} rollbacks (train.max_rollbacks); {kept}")
+        step_of = lambda p: int(p.name[len(checkpoints.PREFIX) :])  # noqa: E731
+        path = c.target(checkpoints.complete_checkpoints(self.out / CHECKPOINTS), begin, step_of)
+        if path is None:
+            self.tracker.close()
+            raise CollapseError(
+                f"{since}; train.on_collapse=rollback: no complete checkpoint from before it (train.save_every="
+                f"{t.save_every}, keep_last={t.keep_last}); {kept}"
+            )
+        c.rollbacks.append({"at_step": done, "collapse_from": begin, "to_step": step_of(path)})
+        rollbacks = c.state_dict()
+        to, history = self._restore(trainer, path)
+        c.load_state_dict(rollbacks)  # the checkpoint predates these rollbacks
+        lr = self.cfg.optim.lr * c.lr_scale
+        set_base_lr(self.strategy, lr)
+        self.print(
+            f"{since}: rollback {len(c.rollbacks)} of {c.max_rollbacks} to {path.name}, learning rate x"
+            f"{c.factor:g} -> {lr:.3g} (train.on_collapse=rollback)"
+        )
+        return to, history
 
     # ------------------------------------------------------------------ preemption
     def _stopping(self) -> bool:
@@ -225,9 +303,10 @@ class Run:
     def _again(self) -> str:
         return "run the same command again to continue (train.resume=auto; exit code 75: requeue)"
 
-    def _evaluate(self, trainer: Trainer, step: int) -> dict[str, float]:
+    def _evaluate(self, trainer: Trainer, step: int, processor: Any) -> dict[str, float]:
         result = trainer.evaluate()
         self.tracker.log({f"eval/{k}": v for k, v in result.items()}, step)
+        self._offer_best(step, result, processor)
         return result
 
     # ------------------------------------------------------------------ checkpoints
@@ -244,16 +323,26 @@ class Run:
             "nonfinite_skipped": self.guard.skipped,
             "history": history,
             "trainer": trainer.state_dict(),
+            "best": self.best.state_dict(),
+            "collapse": self.collapse.state_dict(),
         }
         checkpoints.save_checkpoint(self.strategy, root, step, state, keep)
 
     def _resume(self, trainer: Trainer) -> tuple[int, list[dict[str, float]], Path | None]:
         """(first step to run, the metrics history so far, the checkpoint resumed from)."""
-        s = self.strategy
         path = checkpoints.resume_path(self.out / CHECKPOINTS, self.train.resume, log=self.print)
         if path is None:
             return 0, [], None
-        state = s.load_checkpoint(path)
+        step, history = self._restore(trainer, path)
+        self.best.load_state_dict(self._state.get("best"))
+        self.collapse.load_state_dict(self._state.get("collapse"))
+        return step, history, path
+
+    def _restore(self, trainer: Trainer, path: Path) -> tuple[int, list[dict[str, float]]]:
+        """The run as checkpoint ``path`` left it: weights, optimizer, RNG, the trainer's state; logs of later steps
+        dropped. Returns (its step, the metrics history to it)."""
+        s = self.strategy
+        state = self._state = s.load_checkpoint(path)
         if any(k.startswith("optim.") for k, _, _ in self.changes):  # allowed (train.resume_changes=allow)
             apply_optim(s, self.cfg.optim)
         for folder, strategy in trainer.extra_strategies().items():
@@ -265,7 +354,7 @@ class Run:
         if s.is_rank0:  # logs written after the checkpoint belong to steps that will be redone
             truncate_run_logs(self.out, state["step"])
         s.barrier()
-        return state["step"], list(state.get("history", [])), path
+        return state["step"], list(state.get("history", []))
 
 
 @contextmanager
@@ -292,7 +381,7 @@ def training_run(cfg: Any, command: str, preflight: Callable[[Any], Any] | None 
     inputs = input_paths(cfg)  # model, data, critic and reward-model paths: never cleared by train.overwrite
     with run_in_folder(t.output_dir, strategy, resume=t.resume, overwrite=t.overwrite, inputs=inputs):
         with watch_ranks(Path(t.output_dir) / ".liveness", strategy, cfg.strategy.heartbeat_timeout_s):
-            with _on_signals(signals, run):
+            with _on_signals(signals, run), worker_logs(Path(t.output_dir) / "logs" / "workers"):
                 seed_everything(t.seed + strategy.rank)
                 if strategy.is_rank0:
                     Path(t.output_dir).mkdir(parents=True, exist_ok=True)
@@ -300,17 +389,29 @@ def training_run(cfg: Any, command: str, preflight: Callable[[Any], Any] | None 
                 yield run
 
 
+def rescheduled_optimizer(strategy: Any, why: str) -> tuple[torch.optim.Optimizer, Any]:
+    """The strategy's torch-native optimizer and its LambdaLR schedule (single, FSDP2), whose settings may change
+    mid-run; ``why`` names the setting that asks, in the error for any other."""
+    opt, sched = strategy.optimizer, strategy.scheduler
+    if not isinstance(opt, torch.optim.Optimizer) or not isinstance(sched, torch.optim.lr_scheduler.LambdaLR):
+        raise ConfigError(f"{why} with this strategy ({strategy.name}): its optimizer's settings cannot change mid-run")
+    return opt, sched
+
+
+def set_base_lr(strategy: Any, lr: float) -> None:
+    """The schedule's base learning rate set to ``lr`` (the current one follows the schedule from there)."""
+    opt, sched = rescheduled_optimizer(strategy, "train.on_collapse=rollback")
+    sched.base_lrs = [lr for _ in opt.param_groups]
+    for group, factor in zip(opt.param_groups, sched.lr_lambdas):
+        group.update(initial_lr=lr, lr=lr * factor(sched.last_epoch))
+
+
 def apply_optim(strategy: Any, optim: Any) -> None:
     """The learning rate, betas, eps and weight decay of ``optim`` in a resumed optimizer (whose checkpoint carried
     the old ones) and its schedule; torch-native optimizers (single, FSDP2)."""
-    opt, sched = strategy.optimizer, strategy.scheduler
-    if not isinstance(opt, torch.optim.Optimizer) or not isinstance(sched, torch.optim.lr_scheduler.LambdaLR):
-        raise ConfigError(
-            f"train.resume_changes=allow: optim.* cannot change on resume with this strategy ({strategy.name})"
-        )
-    sched.base_lrs = [optim.lr for _ in opt.param_groups]
-    for group, factor in zip(opt.param_groups, sched.lr_lambdas):
-        group.update(initial_lr=optim.lr, lr=optim.lr * factor(sched.last_epoch))
+    opt, _ = rescheduled_optimizer(strategy, "train.resume_changes=allow: optim.* cannot change on resume")
+    set_base_lr(strategy, optim.lr)
+    for group in opt.param_groups:
         group.update(betas=tuple(optim.betas), eps=optim.eps, weight_decay=optim.weight_decay)
 
 
@@ -327,7 +428,9 @@ def preempt_signals(names: str) -> list[signal.Signals]:
 
 @contextmanager
 def _on_signals(signals: list[signal.Signals], run: Run) -> Iterator[None]:
-    """While the run lives, ``signals`` ask it to stop after its current step (:meth:`Run.fit`)."""
+    """While the run lives, ``signals`` ask it to stop after its current step (:meth:`Run.fit`), and so does a first
+    Ctrl-C (SIGINT), as SIGTERM does: the run stops with a checkpoint (exit code 75) whatever ``train.save_every``;
+    a second Ctrl-C stops it at once (``KeyboardInterrupt``: the steps after the last checkpoint are lost)."""
     if threading.current_thread() is not threading.main_thread():  # handlers only in the main thread
         yield
         return
@@ -335,7 +438,16 @@ def _on_signals(signals: list[signal.Signals], run: Run) -> Iterator[None]:
     def ask(signum: int, frame: Any) -> None:
         run.stop_signal = run.stop_signal or signal.Signals(signum).name
 
+    def ctrl_c(signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # the next one raises KeyboardInterrupt
+        if run.stop_signal is None:
+            run.stop_signal = "Ctrl-C (SIGINT)"
+            if run.strategy.is_rank0:
+                print("\nCtrl-C: stopping after this step with a checkpoint; Ctrl-C again to stop now", flush=True)
+
     previous = {sig: signal.signal(sig, ask) for sig in signals}
+    if signal.SIGINT not in previous and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        previous[signal.SIGINT] = signal.signal(signal.SIGINT, ctrl_c)  # not when SIGINT is ignored (a background job)
     try:
         yield
     finally:

@@ -24,6 +24,9 @@ RESUMABLE_CHANGES = (
     "train.resume_changes",
     "train.overwrite",
     "train.preempt_signals",
+    "train.keep_best",
+    "train.on_collapse",
+    "train.max_rollbacks",
     "train.max_nonfinite_steps",
     "train.eval_batch_size",
     "train.eval_max_new_tokens",
@@ -59,6 +62,17 @@ class RunConfig:
         "a resumed run whose config differs from the run's config.yaml beyond the keys that may change "
         "(RESUMABLE_CHANGES: steps, cadence, logging): refuse, or allow (the new values are used from that step)",
         choices=("refuse", "allow"),
+    )
+    keep_best: bool = option(
+        True, "best/: the model of the best held-out best_metric so far, rewritten when an evaluation improves on it"
+    )
+    best_metric: str = option(
+        "", "the held-out metric best/ follows (a name without eval/); '': the trainer's (accuracy where there is one)"
+    )
+    best_mode: str = option(
+        "auto",
+        "max or min of best_metric is best (auto: min for names with loss or nll)",
+        choices=("auto", "max", "min"),
     )
     preempt_signals: str = option(
         "SIGTERM,SIGUSR1",

@@ -18,7 +18,13 @@ On entry (rank 0 decides, every rank gets the same verdict):
   (a new run id; its logs emptied), saying so.
 - ``overwrite`` clears only a vlrft run folder (one with ``RUN.json``), never the current directory or one of its
   parents, nor a folder holding one of the run's inputs (model, data, config files: ``inputs``); this is decided
-  before the lock is written, so a refused folder is left exactly as it was (:func:`check_clearable`).
+  before the lock is written, so a refused folder is left exactly as it was (:func:`check_clearable`). Even then it
+  removes only what a run writes (:data:`RUN_OUTPUTS`): a file of the user's beside them (notes) is left, and
+  counted in the line that says the folder was cleared.
+- The filesystem root and the home folder itself are never a run folder (:func:`check_output_dir`, in every
+  trainer's preflight, and :func:`check_clearable`): a run writes a dozen names into its folder, and clearing one
+  could not tell them from the user's. The current directory may hold a run (``train.output_dir=.`` in an empty
+  folder), though never cleared.
 - ``RUN.json`` holds the run id: a fresh run gets a new one, a resumed run keeps it. Checkpoints carry it
   in their manifest and pruning deletes only checkpoints of this run id.
 On exit (normal, exception, Ctrl-C) the lock is released; after a SIGKILL it is taken over by the next run.
@@ -29,6 +35,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import tempfile
 import threading
 import time
 import uuid
@@ -37,12 +44,41 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from vlrft import checkpoints
+from vlrft.config import ConfigError
 from vlrft.errors import RunFolderError
 from vlrft.processes import gone, identity
 from vlrft.tracking import truncate_run_logs
 
 LOCK = "LOCK"
 
+
+# what a run writes at the top of its folder (vlrft.loop, vlrft.tracking, vlrft.liveness, vlrft.models.tiny, the
+# policy trainer's logs and critic): train.overwrite removes these and leaves anything else
+RUN_OUTPUTS = frozenset(
+    {
+        checkpoints.RUN_FILE,
+        LOCK,
+        "PREEMPTED",
+        ".liveness",
+        "config.yaml",
+        "metrics.jsonl",
+        "samples.jsonl",
+        "data_order.jsonl",
+        "metrics.tmp",
+        "samples.tmp",
+        "data_order.tmp",
+        "summary.json",
+        "curves.png",
+        "tensorboard",
+        "wandb",
+        "initial-model",
+        "checkpoints",
+        "critic_checkpoints",
+        "final",
+        "final.tmp",
+        "final.old",
+    }
+)
 
 HEARTBEAT_S = 15.0  # the lock holder touches LOCK this often
 STALE_S = 120.0  # a lock from another host whose heartbeat is older than this is taken over
@@ -157,21 +193,84 @@ def _input_place(value: str) -> Path | None:
     return None
 
 
-def check_clearable(out: Path, resume: str, overwrite: bool, inputs: Sequence[tuple[str, str]] = ()) -> None:
-    """Raise :class:`RunFolderError` when this run would clear ``out`` (``overwrite``, a fresh run, outputs there)
-    and ``out`` is the current directory or one of its parents, holds (is or contains) one of ``inputs``
-    (``(config key or "config file", path)`` pairs), or is not a vlrft run folder (no ``RUN.json``)."""
-    out = Path(out)
-    found = _outputs(out)
-    if not overwrite or not found or resuming(out, resume):
+def _named(key: str, path: str | Path) -> str:
+    """How an error names a path option: ``train.output_dir=PATH`` (a config key), ``--out PATH`` (a flag)."""
+    return f"{key} {path}" if key.startswith("-") else f"{key}={path}"
+
+
+def never_a_run_folder(path: str | Path, key: str) -> None:
+    """Raise a :class:`ConfigError` when ``path`` is the filesystem root or the home folder itself: a run writes a
+    dozen names into its folder, among the system's or the user's own files there."""
+    places = _places(Path(path))
+    try:
+        home = _places(Path.home())
+    except RuntimeError:  # no home folder known
+        home = set()
+    if any(p == Path(p.anchor) for p in places):
+        what = "the filesystem root"
+    elif home & places:
+        what = f"your home folder ({Path.home()})"
+    else:
         return
+    raise ConfigError(
+        f"{_named(key, path)}: is {what}, never an output folder: vlrft writes its outputs (RUN.json, checkpoints, "
+        f"final, metrics.jsonl, ...) into it beside what is there; give {key} a folder of its own, e.g. runs/NAME"
+    )
+
+
+def check_output_dir(path: str | Path, key: str, final: str | None = None) -> None:
+    """``path`` can hold a run's outputs (a training run folder, an evaluation's ``--out``), checked before anything
+    loads: a folder (or one that can be made: the nearest existing folder above it is no file, and a folder can be
+    made in it: tried, not guessed from permission bits, which root and read-only filesystems defeat), neither the
+    filesystem root nor the home folder, and no file where the folder ``final`` (the final model) goes."""
+    out = Path(path).expanduser()
+    where = _named(key, path)
+    never_a_run_folder(path, key)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"{where}: is a file, not a folder")
+    if final is not None and (out / final).exists() and not (out / final).is_dir():
+        raise ConfigError(
+            f"{where}: {out / final} is a file, but the final model is written into a folder of that name; "
+            f"remove or rename it, or choose another {key}"
+        )
+    _writable_above(out, where, key)
+
+
+def check_output_file(path: str | Path, key: str) -> None:
+    """``path`` can be written as a file when a command ends (``eval-reward-model --out``), checked before it starts:
+    not a folder, and its folder exists or can be made, writable (as :func:`check_output_dir`)."""
+    where = _named(key, path)
+    file = Path(path).expanduser()
+    if file.is_dir():
+        raise ConfigError(f"{where}: is a folder; {key} names the file to write")
+    _writable_above(file.absolute().parent, where, key)
+
+
+def _writable_above(out: Path, where: str, key: str) -> None:
+    """The nearest existing folder at or above ``out`` is a folder in which a folder can be made (tried: permission
+    bits say nothing for root or on a read-only filesystem; the trial folder is removed at once)."""
+    existing = next(p for p in (out, *out.absolute().parents) if p.exists())
+    if not existing.is_dir():
+        raise ConfigError(f"{where}: {existing} is a file, so nothing can be written under it; choose another {key}")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".vlrft-write-check-", dir=existing))
+    except OSError as exc:
+        raise ConfigError(
+            f"{where}: {existing} is not writable ({exc.strerror or exc}); choose another {key}"
+        ) from None
+
+
+def _clear_refusal(out: Path, inputs: Sequence[tuple[str, str]], found: list[str]) -> tuple[str, str] | None:
+    """Why ``train.overwrite`` may not clear ``out`` (the current directory or a parent of it, a folder holding one
+    of ``inputs``, a folder without ``RUN.json``): (the reason in a few words, the whole one-line message), or
+    ``None`` when it may."""
     rule = "train.overwrite=true clears only a run folder of its own"
     places = _places(out)
     here = Path.cwd()
     for cwd in _places(here):
         if cwd in places or places & set(cwd.parents):
             what = "the current directory" if cwd in places else f"a parent of the current directory ({here})"
-            raise RunFolderError(
+            return f"it is {what}", (
                 f"train.output_dir={out}: is {what}; {rule}, never the current directory or one above it; "
                 "choose another train.output_dir (is a shell variable unset?)"
             )
@@ -181,16 +280,35 @@ def check_clearable(out: Path, resume: str, overwrite: bool, inputs: Sequence[tu
             continue
         for place in _places(path):
             if place in places or places & set(place.parents):
-                raise RunFolderError(
+                return f"it holds {key}={value}", (
                     f"train.output_dir={out}: holds {key}={value}; {rule}, never a folder holding the run's "
                     "model, data or config; choose another train.output_dir"
                 )
     if not (out / checkpoints.RUN_FILE).is_file():
-        raise RunFolderError(
-            f"train.output_dir={out}: holds {', '.join(found[:5])}{', ...' if len(found) > 5 else ''} but no "
-            f"{checkpoints.RUN_FILE}: it does not look like a vlrft run folder, and {rule}; empty it yourself "
-            "or choose another train.output_dir"
+        return f"no {checkpoints.RUN_FILE}: not a vlrft run folder", (
+            f"train.output_dir={out}: holds {_listed(found)} but no {checkpoints.RUN_FILE}: it does not look like a "
+            f"vlrft run folder, and {rule}; empty it yourself or choose another train.output_dir"
         )
+    return None
+
+
+def _listed(names: list[str]) -> str:
+    return ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
+
+
+def check_clearable(out: Path, resume: str, overwrite: bool, inputs: Sequence[tuple[str, str]] = ()) -> None:
+    """Raise when ``out`` can never hold a run (the filesystem root, the home folder: a ``ConfigError``), or a
+    :class:`RunFolderError` when this run would clear ``out`` (``overwrite``, a fresh run, outputs there) and ``out``
+    is the current directory or one of its parents, holds (is or contains) one of ``inputs`` (``(config key or
+    "config file", path)`` pairs), or is not a vlrft run folder (no ``RUN.json``)."""
+    out = Path(out)
+    never_a_run_folder(out, "train.output_dir")
+    found = _outputs(out)
+    if not overwrite or not found or resuming(out, resume):
+        return
+    refusal = _clear_refusal(out, inputs, found)
+    if refusal is not None:
+        raise RunFolderError(refusal[1])
 
 
 def restartable(out: Path, resume: str) -> bool:
@@ -204,9 +322,9 @@ def restartable(out: Path, resume: str) -> bool:
     )
 
 
-def claim(out: Path, resume: str, overwrite: bool, log=print) -> str:
+def claim(out: Path, resume: str, overwrite: bool, log=print, inputs: Sequence[tuple[str, str]] = ()) -> str:
     """Decide whether this run may write into ``out`` (lock already held; :func:`check_clearable` already
-    passed); returns the run id."""
+    passed); returns the run id. ``overwrite`` removes only :data:`RUN_OUTPUTS`, counting what it leaves."""
     if resuming(out, resume):
         run = checkpoints.run_id(out)
         if run is None:  # a folder written before run ids: its checkpoints stay untouched by pruning
@@ -229,14 +347,23 @@ def claim(out: Path, resume: str, overwrite: bool, log=print) -> str:
             if resume == "auto"
             else f"this run starts fresh (train.resume={resume})"
         )
+        refusal = _clear_refusal(out, inputs, found)
+        if refusal is not None:  # train.overwrite would be refused too: offer only what works
+            raise RunFolderError(
+                f"{out}: holds {_listed(found)} and {why}; choose another train.output_dir (train.overwrite=true "
+                f"would not clear it: {refusal[0]})"
+            )
         raise RunFolderError(
-            f"{out}: holds another run's outputs ({', '.join(found[:5])}{', ...' if len(found) > 5 else ''}) and "
+            f"{out}: holds another run's outputs ({_listed(found)}) and "
             f"{why}; {cont}use train.overwrite=true to clear it, or another train.output_dir"
         )
-    for name in found:
+    cleared = [name for name in found if name in RUN_OUTPUTS]
+    left = [name for name in found if name not in RUN_OUTPUTS]
+    for name in cleared:
         checkpoints.remove_path(out / name)
     if found:
-        log(f"{out}: cleared the previous run's outputs (train.overwrite=true)")
+        kept = f"; left {len(left)} not written by a vlrft run: {_listed(left)}" if left else ""
+        log(f"{out}: cleared the previous run's outputs (train.overwrite=true){kept}")
     run = uuid.uuid4().hex[:12]
     meta = {"run_id": run, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "host": socket.gethostname()}
     (out / checkpoints.RUN_FILE).write_text(json.dumps(meta) + "\n")
@@ -262,11 +389,11 @@ def run_in_folder(
             check_clearable(out, resume, overwrite, inputs)  # before LOCK: a refused folder stays as it was
             acquire_lock(out, log)
             try:
-                verdict = (claim(out, resume, overwrite, log), None)
+                verdict = (claim(out, resume, overwrite, log, inputs), None)
             except RunFolderError:
                 release_lock(out)
                 raise
-        except RunFolderError as exc:
+        except (RunFolderError, ConfigError) as exc:  # every rank gets the verdict: none waits for rank 0 alone
             verdict = (None, str(exc))
     run, error = strategy.all_gather_object(verdict)[0]
     if error is not None:

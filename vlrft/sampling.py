@@ -4,7 +4,7 @@ split of held-out records over ranks (:func:`share_over_ranks`)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TypeVar
 
 import torch
@@ -61,3 +61,12 @@ def share_over_ranks(records: Sequence[T], rank: int, world: int) -> tuple[list[
     mine = list(records[rank::world])
     per_rank = -(-len(records) // world)
     return mine + [records[0] for _ in range(per_rank - len(mine))], len(mine)
+
+
+def shared_chunks(records: Sequence[T], rank: int, world: int, size: int) -> Iterator[tuple[list[T], list[bool]]]:
+    """This rank's :func:`share_over_ranks` in chunks of ``size``, each with its ``keep`` flags (False on the
+    padding, which runs to keep sharded ranks in step and is never counted)."""
+    share, counted = share_over_ranks(records, rank, world)
+    for start in range(0, len(share), size):
+        chunk = share[start : start + size]
+        yield chunk, [start + i < counted for i in range(len(chunk))]

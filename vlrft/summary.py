@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -12,10 +13,16 @@ from typing import Any
 def write_summary(
     out: Path, summary: dict[str, Any], history: list[dict[str, float]], curve_keys: tuple[str, ...]
 ) -> None:
-    """Write ``summary.json`` and ``curves.png`` into the run folder ``out`` and print where things are."""
-    evals = [(h["step"], h["eval/accuracy"]) for h in _read_metrics(out) if "eval/accuracy" in h]
-    plot_curves(history, evals, curve_keys, out / "curves.png")
-    (out / "summary.json").write_text(summary_json(summary))
+    """Write ``summary.json`` and ``curves.png`` into the run folder ``out`` and print where things are. Called after
+    the model is saved in ``final/``, so nothing here stops the run: a ``metrics.jsonl`` line that is not a JSON row
+    is skipped (counted in one warning naming the file and its lines), a plot that fails is a warning."""
+    summary_path = out / "summary.json"
+    summary_path.write_text(summary_json(summary))
+    evals = [(h["step"], h["eval/accuracy"]) for h in read_metrics(out / "metrics.jsonl") if "eval/accuracy" in h]
+    try:
+        plot_curves(history, evals, curve_keys, out / "curves.png")
+    except Exception as exc:  # noqa: BLE001 - a plot is a convenience; the model and summary.json are written
+        print(f"warning: {out / 'curves.png'} not written: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
     before, after = summary["eval_before"] or {}, summary["eval_after"] or {}
     lines = [f"\n{summary['command']} done: {summary['steps']} steps."]
     for key, value in after.items():
@@ -24,6 +31,15 @@ def write_summary(
             was = f"{_fmt(before[key])} -> " if key in before else ""
             lines.append(f"  held-out {key} {was}{_fmt(value)}")
     lines.append(f"  run folder: {out}\n  final model (transformers format): {summary['final_model']}")
+    best = summary.get("best")
+    if best:
+        lines.append(
+            f"  best model: {best['path']} (held-out {best['metric']} {_fmt(best['value'])} at step {best['step']})"
+        )
+    for r in summary.get("rollbacks") or []:
+        lines.append(
+            f"  rolled back at step {r['at_step']} to step {r['to_step']} (a collapse from step {r['collapse_from']})"
+        )
     lines.append(f"  curves: {out / 'curves.png'}")
     if (out / "samples.jsonl").is_file():
         lines.append(f"  sampled trajectories: {out / 'samples.jsonl'}")
@@ -80,8 +96,29 @@ def _fmt(x: Any) -> str:
     return "n/a" if x is None else f"{x:.3f}" if isinstance(x, float) else str(x)
 
 
-def _read_metrics(out: Path) -> list[dict]:
-    path = out / "metrics.jsonl"
+def read_metrics(path: Path) -> list[dict]:
+    """The rows of a ``metrics.jsonl`` that are JSON objects with a numeric ``step``; any other non-blank line (a
+    write cut off by a kill, an edit, a disk that filled) is skipped, and one warning on stderr names the file, how
+    many lines and which (the first five)."""
     if not path.is_file():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows, bad = [], []
+    for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:
+            row = None
+        if isinstance(row, dict) and isinstance(row.get("step"), (int, float)):
+            rows.append(row)
+        else:
+            bad.append(number)
+    if bad:
+        where = ", ".join(map(str, bad[:5])) + (", ..." if len(bad) > 5 else "")
+        print(
+            f"warning: {path}: skipped {len(bad)} line(s) that are not JSON metric rows with a step (line {where})",
+            file=sys.stderr,
+            flush=True,
+        )
+    return rows

@@ -178,3 +178,11 @@ class SupervisedTrainer(Trainer):
 
     def evaluate(self) -> dict[str, float]:
         return self._evaluate() if self._evaluate is not None else {}
+
+    def state_dict(self) -> dict[str, Any]:
+        """The task's state (a task with a ``state_dict``: the DPO reference's cached log-probs)."""
+        return {"task": self.task.state_dict()} if hasattr(self.task, "state_dict") else {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if hasattr(self.task, "load_state_dict"):
+            self.task.load_state_dict(state.get("task", {}))

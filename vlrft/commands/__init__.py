@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import math
 from pathlib import Path
 from typing import Any, Callable
 
@@ -84,6 +85,10 @@ def add_config_command(
         # before preflight; the driver checks again (without the config files, which only the command line knows)
         inputs = input_paths(cfg) + [("config file", str(path)) for path in split_config_args(args.items)[0]]
         check_clearable(Path(cfg.train.output_dir), cfg.train.resume, cfg.train.overwrite, inputs)
+        if hasattr(cfg, "optim") and hasattr(cfg, "model"):  # a tiny model at a real model's learning rate
+            from vlrft.trainer.preflight import warn_learning_rate
+
+            warn_learning_rate(cfg, name)
         train(cfg)
         return 0
 
@@ -138,10 +143,12 @@ def config_help(schema: Schema, default: str | Path | None) -> str:
 
 
 def check_flag_rules(*rules: tuple[str, Any, bool, str]) -> None:
-    """``(flag, value, ok, rule)`` rows: the first value that breaks its rule (or is NaN) is a one-line ConfigError."""
+    """``(flag, value, ok, rule)`` rows: the first value that breaks its rule (or is NaN or infinite, which fail every
+    rule: ``--temperature inf`` is ``>= 0``) is a one-line ConfigError."""
     for flag, value, ok, rule in rules:
-        if not ok or value != value:  # NaN fails every rule
-            raise ConfigError(f"{flag} {value}: must be {rule}")
+        finite = not isinstance(value, float) or math.isfinite(value)
+        if not ok or not finite:
+            raise ConfigError(f"{flag} {value}: {'' if finite else 'not finite; '}must be {rule}")
 
 
 def split_config_args(items: list[str]) -> tuple[list[str], list[str]]:

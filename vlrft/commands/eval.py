@@ -139,6 +139,9 @@ def run(args: argparse.Namespace) -> int:
     if missing:
         raise ConfigError(f"an evaluation needs {', '.join(missing)} (or use --compare DIR ...)")
     check_sampling_args(args)
+    from vlrft.run_folder import check_output_dir
+
+    check_output_dir(args.out, "--out")  # a file, under a file, unwritable: before anything loads
 
     import torch
     from transformers import AutoConfig
@@ -158,6 +161,8 @@ def run(args: argparse.Namespace) -> int:
         bench = get_benchmark(args.benchmark, verifier=args.verifier, prompt_template=args.prompt_template)
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
+    if not Path(args.model).expanduser().exists():  # as train-policy says it: a missing folder, or a hub id not
+        check_model_folder(args.model, "--model")  # cached offline (a local path is never taken for a hub id)
     try:  # a model folder, a train-policy run folder (its final/ model) or a hub id
         path = resolve_model_path(args.model)
     except FileNotFoundError as exc:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import argparse
 
+from vlrft.commands import check_flag_rules
+from vlrft.run_folder import check_output_dir, check_output_file
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -75,6 +78,15 @@ def run(args: argparse.Namespace) -> int:
     from reward_models.evaluate import evaluate_reward_model, metrics_json
     from vlrft.trainer.preflight import check_model_folder
 
+    check_flag_rules(
+        ("--batch-size", args.batch_size, args.batch_size >= 1, ">= 1"),
+        ("--max-new-tokens", args.max_new_tokens, args.max_new_tokens >= 1, ">= 1"),
+        ("--synthetic-size", args.synthetic_size, args.synthetic_size >= 1, ">= 1"),
+    )
+    if args.out is not None:  # the metrics file: written at the end, so checked before anything is scored
+        check_output_file(args.out, "--out")
+    if args.out_dir is not None:
+        check_output_dir(args.out_dir, "--out-dir")
     # a run folder read as a model would be taken for a judge (it has no reward head) and its data misjudged
     check_model_folder(args.model, "model")
     if args.benchmark:
@@ -106,5 +118,6 @@ def run(args: argparse.Namespace) -> int:
     text = metrics_json(metrics)
     print(text)
     if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(text + "\n")
     return 0

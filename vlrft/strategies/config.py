@@ -93,10 +93,10 @@ class StrategyConfig:
 class OptimConfig:
     """Optimizer and learning-rate schedule (AdamW, linear warm-up, then constant or cosine)."""
 
-    lr: float = option(1e-6, "peak learning rate")
-    weight_decay: float = option(0.0, "AdamW weight decay")
+    lr: float = option(1e-6, "peak learning rate", gt=0)
+    weight_decay: float = option(0.0, "AdamW weight decay", ge=0)
     betas: list = option([0.9, 0.999], "AdamW betas")
-    eps: float = option(1e-8, "AdamW epsilon")
-    warmup_steps: int = option(0, "linear warm-up steps")
+    eps: float = option(1e-8, "AdamW epsilon", ge=0)
+    warmup_steps: int = option(0, "linear warm-up steps", ge=0)
     lr_scheduler: str = option("constant", "schedule after warm-up", choices=("constant", "cosine", "linear"))
-    min_lr_ratio: float = option(0.0, "final LR as a fraction of lr (cosine, linear)")
+    min_lr_ratio: float = option(0.0, "final LR as a fraction of lr (cosine, linear)", ge=0, le=1)

@@ -173,7 +173,23 @@ class PolicyTrainLoopConfig(RunConfig):
     collapse_share: float = option(
         0.8, "answer-collapse alarm: one answer for more than this share of distinct prompts", gt=0, le=1
     )
-    collapse_steps: int = option(5, "answer-collapse alarm: ... for this many steps in a row", ge=1)
+    collapse_steps: int = option(
+        5, "answer-collapse alarm: ... with no group of mixed outcomes, for this many steps in a row", ge=1
+    )
+    collapse_evals: int = option(
+        4,
+        "answer-collapse alarm, the other signature: the held-out greedy answers collapsed the same way at this many "
+        "evaluations in a row without the held-out accuracy rising",
+        ge=2,
+    )
+    on_collapse: str = option(
+        "warn",
+        "a sustained answer collapse (the alarm): warn; stop (exit code 2); or rollback to the newest checkpoint "
+        "from before it with the learning rate times collapse_lr_factor",
+        choices=("warn", "stop", "rollback"),
+    )
+    collapse_lr_factor: float = option(0.5, "on_collapse=rollback: the learning rate is multiplied by this", gt=0, le=1)
+    max_rollbacks: int = option(2, "on_collapse=rollback: at most this many rollbacks, then the run stops", ge=1)
     log_samples: int = option(4, "trajectories written to samples.jsonl per step", ge=0)
     probe_every: int = option(
         0,
@@ -228,6 +244,11 @@ class PolicyTrainConfig:
             )
         if self.algorithm.max_sampling_tries < 1:
             raise ValueError(f"algorithm.max_sampling_tries must be >= 1, got {self.algorithm.max_sampling_tries}")
+        if t.on_collapse == "rollback" and self.strategy.name == "deepspeed":
+            raise ValueError(
+                "train.on_collapse=rollback: not with strategy.name=deepspeed (its optimizer's learning rate cannot "
+                "be lowered mid-run); use fsdp2 or single, or train.on_collapse=stop"
+            )
         if self.algorithm.rollout_is_cap <= 0 or self.algorithm.rollout_mask_threshold <= 1:
             raise ValueError(
                 f"algorithm.rollout_is_cap must be > 0 (got {self.algorithm.rollout_is_cap}) and "

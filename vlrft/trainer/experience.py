@@ -31,6 +31,15 @@ from vlrft.rollout import Rollout
 from vlrft.rollout.trajectories import turn_log
 from vlrft.tracking import image_refs
 
+SAMPLE_TEXT_CHARS = 4000  # a record's prompt or answer as samples.jsonl keeps it
+
+
+def clip_text(text: Any, limit: int = SAMPLE_TEXT_CHARS) -> Any:
+    """``text`` cut to ``limit`` characters, the cut counted (``... [N more characters]``); other values as they are."""
+    if not isinstance(text, str) or len(text) <= limit:
+        return text
+    return f"{text[:limit]}... [{len(text) - limit} more characters]"
+
 
 @dataclass
 class ScoredGroup:
@@ -93,13 +102,16 @@ class Experience:
 
     def sample_rows(self, limit: int) -> list[dict[str, Any]]:
         """The first ``limit`` trajectories as log rows: prompt, answer, images, response, rewards, advantage (and
-        of a multi-turn one its turns: text, calls, observations with their image counts)."""
+        of a multi-turn one its turns: text, calls, observations with their image counts). A record's prompt and
+        answer are kept to :data:`SAMPLE_TEXT_CHARS` characters (the rest counted), so a huge record does not grow
+        ``samples.jsonl`` by its size every step; responses are bounded by the token budget, tool observations by
+        the tools' character cut (``vlrft.tools``)."""
         rows = [(g.record, x) for g in self.groups for x in g.rollouts][:limit]
         return [
             {
                 "id": rec.id,
-                "prompt": rec.prompt,
-                "answer": rec.answer,
+                "prompt": clip_text(rec.prompt),
+                "answer": clip_text(rec.answer),
                 "image": image_refs(rec.images),
                 "response": x.text,
                 "finish_reason": x.finish_reason,

@@ -97,7 +97,7 @@ class PolicyTrainer(Trainer):
         self.evaluate_fn = evaluate_fn
         self.accuracy_source, self.accuracy_verifier = accuracy or (None, None)
         t = cfg.train
-        self.collapse = CollapseMonitor(self.accuracy_verifier, t.collapse_share, t.collapse_steps, strategy, log)
+        self.collapse = CollapseMonitor.for_run(self.accuracy_verifier, t, strategy, log)
         self.canary = RewardCanary(reward_pool, train_records, t.probe_every, t.probe_records, t.seed, log)
         r = cfg.rollout
         if r.rollout_batch_size % strategy.world_size:
@@ -396,7 +396,12 @@ class PolicyTrainer(Trainer):
         return mean_over_ranks(self.strategy, metrics)  # a figure undefined on a rank's share is left out
 
     def evaluate(self) -> dict[str, float]:
-        return self.evaluate_fn(self) if self.evaluate_fn is not None else {}
+        metrics = self.evaluate_fn(self) if self.evaluate_fn is not None else {}
+        self.collapse.heldout(self.steps_done, metrics)  # the collapse detectors' held-out signature
+        return metrics
+
+    def collapse_start(self, step: int) -> int | None:
+        return self.collapse.start(step)
 
     def heldout_context(self) -> HeldoutContext:
         """What held-out evaluation (``evaluate_fn``, e.g. ``vlrft.trainer.heldout.heldout_eval``) may use."""

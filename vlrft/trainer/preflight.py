@@ -18,8 +18,11 @@ from __future__ import annotations
 
 import os
 import string
+import sys
 from pathlib import Path
 from typing import Any, Callable
+
+import yaml
 
 from data_pipelines.errors import DataError
 from data_pipelines.formatting import PROMPT_TEMPLATES, judgment_as_prompt
@@ -32,6 +35,7 @@ from reward_models.pool import RewardPoolConfig
 from vlrft.archs import VL_ARCHS
 from vlrft.config import ConfigError
 from vlrft.models.loading import PROCESSOR_FILES, TOKENIZER_FILES, check_model_folder, path_like  # noqa: F401
+from vlrft.run_folder import check_output_dir
 from vlrft.tools import check_tools
 from vlrft.trainer.config import PolicyTrainConfig
 
@@ -41,19 +45,64 @@ def world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1") or 1)
 
 
-def check_output_dir(path: str, key: str, final: str) -> None:
-    """``path`` can hold a run: not a file, writable, and no file where the final model folder ``final`` goes."""
-    out = Path(path).expanduser()
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"{key}={path}: is a file, not a folder")
-    if (out / final).exists() and not (out / final).is_dir():
-        raise ConfigError(
-            f"{key}={path}: {out / final} is a file, but the final model is written into a folder of that name; "
-            f"remove or rename it, or choose another {key}"
-        )
-    existing = next(p for p in (out, *out.absolute().parents) if p.exists())
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise ConfigError(f"{key}={path}: {existing} is not writable")
+TINY_HIDDEN = 256  # a language-model hidden size below this is a tiny test model (the smallest Qwen, 0.5B: 896)
+REAL_MODEL_LR = 1e-4  # real models fine-tune at 1e-6 .. 2e-5; tiny ones (random or barely trained) need ~1e-3
+TRAINER_FOLDER = Path(__file__).resolve().parent
+DEMOS = {  # command -> the embedded (or ready) config whose optim.lr a tiny model learns at
+    "train-policy": TRAINER_FOLDER / "demo.yaml",
+    "train-sft": TRAINER_FOLDER / "sft_demo.yaml",
+    "train-dpo": TRAINER_FOLDER / "dpo_demo.yaml",
+    "train-reward-model": TRAINER_FOLDER.parents[1] / "configs" / "reward_model" / "srm_color.yaml",
+}
+
+
+def text_hidden_size(model: Any) -> tuple[int | None, bool]:
+    """(the language model's hidden size, whether the run builds it with random weights) of a model section: the
+    tiny model's ``tiny_hidden`` without a path, else its folder's ``config.json`` (None for a hub id)."""
+    if not model.path:
+        return model.tiny_hidden, True
+    try:
+        config = check_model_folder(model.path, "model.path") or {}
+    except ConfigError:  # the preflight says what is wrong with it
+        return None, False
+    hidden = (config.get("text_config") or {}).get("hidden_size") or config.get("hidden_size")
+    return (hidden if isinstance(hidden, int) else None), False
+
+
+def learning_rate_warning(cfg: Any, command: str) -> str | None:
+    """One warning line when the run cannot learn what it is asked in its steps: a tiny model (a language-model
+    hidden size under :data:`TINY_HIDDEN`) at a real model's learning rate (under :data:`REAL_MODEL_LR`), the trap of
+    a ready config (``configs/policy/grpo.yaml``) run without a model.path. None for a healthy run."""
+    hidden, random = text_hidden_size(cfg.model)
+    lr = cfg.optim.lr
+    if hidden is None or hidden >= TINY_HIDDEN or lr >= REAL_MODEL_LR:
+        return None
+    what = (
+        f"the model built for this run (model.tiny_arch={cfg.model.tiny_arch}, random weights) is tiny "
+        f"(model.tiny_hidden={hidden})"
+        if random
+        else f"model.path={cfg.model.path} is a tiny model (hidden size {hidden})"
+    )
+    steps = f" in train.max_steps={cfg.train.max_steps} steps" if cfg.train.max_steps else ""
+    demo = DEMOS.get(command)
+    try:
+        demo_lr = yaml.safe_load(demo.read_text())["optim"]["lr"]
+        shown = f"{demo.relative_to(TRAINER_FOLDER.parents[1])} uses optim.lr={demo_lr:g}"
+    except (AttributeError, OSError, ValueError, KeyError, TypeError):  # no such demo (an installed package)
+        shown = "the demos use optim.lr=1e-3 to 3e-3"
+    return (
+        f"warning: optim.lr={lr:g} is a learning rate for a real model, but {what}: at this rate it will barely "
+        f"move{steps}; tiny models learn at about 1e-3 ({shown}); `vlrft {command} --print-config` shows every "
+        "value this run uses"
+    )
+
+
+def warn_learning_rate(cfg: Any, command: str) -> None:
+    """Print :func:`learning_rate_warning`'s line on stderr (rank 0 of a launch only); the training commands call it
+    as they start (``vlrft.commands.add_config_command``), a run started from Python does not."""
+    line = learning_rate_warning(cfg, command)
+    if line is not None and int(os.environ.get("RANK", "0") or 0) == 0:
+        print(line, file=sys.stderr, flush=True)
 
 
 def check_template(template: str, key: str) -> None:

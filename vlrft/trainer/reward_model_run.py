@@ -26,7 +26,7 @@ from reward_models.scalar import ScalarRewardModel
 from vlrft.loop import Run, training_run
 from vlrft.models.loading import load_model
 from vlrft.rollout import RolloutConfig, make_engine
-from vlrft.sampling import share_over_ranks
+from vlrft.sampling import shared_chunks
 from vlrft.supervised import SupervisedTrainer, steps_per_episode
 from vlrft.trainer.preflight import preflight_reward_model
 
@@ -166,18 +166,12 @@ def evaluate(model: Any, processor: Any, records: list, cfg: RewardModelTrainCon
     ``vlrft eval-reward-model`` names them (``reward_models.evaluate.reward_metrics``)."""
     if cfg.train.max_eval_records:
         records = records[: cfg.train.max_eval_records]
-    share, counted = share_over_ranks(records, strategy.rank, strategy.world_size)
-    shard = [(r, i < counted) for i, r in enumerate(share)]  # the padding forwards only keep ranks in step
-    bs = cfg.train.eval_batch_size
     sums: dict[str, float] = {}
     model.eval()
-    for start in range(0, len(shard), bs):
-        chunk = shard[start : start + bs]
-        recs = [r for r, _ in chunk]
-        real = [r for r, is_real in chunk if is_real]  # the padding forwards only keep sharded ranks in step
+    for recs, keep in shared_chunks(records, strategy.rank, strategy.world_size, cfg.train.eval_batch_size):
+        real = [r for r, is_real in zip(recs, keep) if is_real]  # the padding forwards only keep ranks in step
         if cfg.model.kind == "srm":
             rewards = model(**model_inputs(srm_batch(processor, recs, cfg), strategy.device))
-            keep = [is_real for _, is_real in chunk]
             chosen, rejected = rewards[: len(recs)][keep], rewards[len(recs) :][keep]
             counts = pair_counts(chosen, rejected, [r.tie for r in real])
         else:
@@ -189,7 +183,7 @@ def evaluate(model: Any, processor: Any, records: list, cfg: RewardModelTrainCon
                 synced=strategy.shards_parameters,
             )
             texts = generate_judgments(engine, processor, items, cfg.judge.max_new_tokens)
-            kept = [t for t, (_, is_real) in zip(texts, chunk) if is_real]
+            kept = [t for t, is_real in zip(texts, keep) if is_real]
             counts = judgment_counts(kept, [r.target for r in real], cfg.judge.mode, cfg.judge.score_max)
         for k, v in counts.items():
             sums[k] = sums.get(k, 0.0) + v
@@ -245,5 +239,6 @@ def _train(cfg: RewardModelTrainConfig, run: Run, records: tuple[list, list] | N
         evaluate=(lambda: evaluate(model, processor, held_out, cfg, strategy)) if held_out else None,
         console_keys=CONSOLE_KEYS,
     )
+    trainer.best_metric = "pairwise_accuracy" if cfg.model.kind == "srm" else "judgment_accuracy"  # best/ follows it
     header = f"{cfg.model.kind}: {len(train)} train / {len(held_out)} held-out records, "
     return run.fit(trainer, processor, total, header)

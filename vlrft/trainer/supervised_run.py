@@ -45,7 +45,7 @@ from vlrft.loop import Run, training_run
 from vlrft.models.loading import load_model
 from vlrft.rollout import RolloutConfig, make_engine
 from vlrft.rollout.trajectories import TrajectoryRunner
-from vlrft.sampling import share_over_ranks
+from vlrft.sampling import share_over_ranks, shared_chunks
 from vlrft.supervised import SupervisedTrainer, steps_per_episode
 from vlrft.tools import CallError, ToolBox, ToolCall, format_tool_call
 from vlrft.tools.base import tool_message
@@ -189,7 +189,7 @@ class SFTTask:
 class DPOTask:
     """Preference loss on pairs; chosen and rejected in one forward, reference log-probs once per pair."""
 
-    def __init__(self, processor: Any, cfg: DPOTrainConfig, strategy: Any, ref_model: Any):
+    def __init__(self, processor: Any, cfg: DPOTrainConfig, strategy: Any, ref_model: Any, pairs: list[PreferencePair]):
         self.enc, self.cfg, self.device, self.ref = (
             _Encoder(processor, cfg.data.max_length),
             cfg,
@@ -197,10 +197,22 @@ class DPOTask:
             ref_model,
         )
         self.convs: dict[int, tuple[ChatRecord, ChatRecord]] = {}
-        self.ref_logps: dict[int, tuple[float, float]] = {}  # by id(pair): computed once per pair
+        # the reference log-probs of a pair are computed once, in the layout of the batch it first appears in;
+        # they are part of the checkpoint (by the pair's position in ``pairs``, the run's train then held-out
+        # pairs), so a resumed run uses the values the uninterrupted run computed before the checkpoint rather
+        # than recomputing them in another batch's layout, whose matrix shapes may round differently on another
+        # CPU (an Intel AVX-512 machine did; MKL_CBWR=COMPATIBLE does here: tests/test_run_lifecycle.py)
+        self.position = {id(p): i for i, p in enumerate(pairs)}
+        self.ref_logps: dict[int, tuple[float, float]] = {}  # by position
         # a sharded reference forwards in lockstep on all ranks, so it is not skipped for pairs one rank has
         # seen (with dpo.precompute_ref every rank computes every pair once, up front)
         self.reuse = not strategy.shards_parameters
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"ref_logps": dict(self.ref_logps)} if self.reuse else {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.ref_logps.update(state.get("ref_logps", {}))
 
     def conversations(self, pair: PreferencePair) -> tuple[ChatRecord, ChatRecord]:
         if id(pair) not in self.convs:
@@ -213,7 +225,8 @@ class DPOTask:
     @torch.no_grad()
     def reference(self, pairs: list[PreferencePair], batch: dict | None = None) -> torch.Tensor:
         """Reference log-probs ``[2B]`` (chosen then rejected), from the cache or one reference forward."""
-        missing = [p for p in pairs if id(p) not in self.ref_logps or (self.ref is not None and not self.reuse)]
+        key = self.position.__getitem__
+        missing = [p for p in pairs if key(id(p)) not in self.ref_logps or (self.ref is not None and not self.reuse)]
         if missing:
             if self.ref is None:
                 raise RuntimeError("reference log-probs missing and the reference model was freed")
@@ -222,8 +235,8 @@ class DPOTask:
             _, _, seq = sequence_logprobs(self.ref, batch, self.device)
             b = len(missing)
             for i, p in enumerate(missing):
-                self.ref_logps[id(p)] = (float(seq[i]), float(seq[b + i]))
-        values = [self.ref_logps[id(p)] for p in pairs]
+                self.ref_logps[key(id(p))] = (float(seq[i]), float(seq[b + i]))
+        values = [self.ref_logps[key(id(p))] for p in pairs]
         return torch.tensor([c for c, _ in values] + [r for _, r in values], dtype=torch.float64)
 
     def encode_pairs(self, pairs: list[PreferencePair]) -> dict:
@@ -264,12 +277,9 @@ class DPOTask:
 
 # -- held-out evaluation --------------------------------------------------------------------------
 def _shared_chunks(records: list, strategy: Any, size: int):
-    """This rank's share of ``records`` (``share_over_ranks``: padded so ranks run in lockstep) in chunks of
-    ``size``, each with a ``[len(chunk)]`` float mask, 0 on the padding that no metric counts."""
-    share, counted = share_over_ranks(records, strategy.rank, strategy.world_size)
-    for start in range(0, len(share), size):
-        chunk = share[start : start + size]
-        yield chunk, (torch.arange(start, start + len(chunk)) < counted).double()
+    """:func:`~vlrft.sampling.shared_chunks` of this rank, each chunk's keep flags as a float mask."""
+    for chunk, keep in shared_chunks(records, strategy.rank, strategy.world_size, size):
+        yield chunk, torch.tensor(keep, dtype=torch.float64)
 
 
 def greedy_accuracy(
@@ -413,7 +423,7 @@ def _train_dpo(cfg: DPOTrainConfig, run: Run) -> dict[str, Any]:
     total = run.total_steps(steps_per_episode(len(train), cfg.train.batch_size, strategy.world_size))
     ref, _, _ = strategy.prepare(load_model(path, cfg.model.dtype)[0], trainable=False)
     strategy.prepare(model, total_steps=total)
-    task = DPOTask(processor, cfg, strategy, ref)
+    task = DPOTask(processor, cfg, strategy, ref, train + eval_pairs)
     if cfg.dpo.precompute_ref:  # a first pass over every pair (same count on every rank), then free it
         for chunk in _batched(train + eval_pairs, cfg.train.eval_batch_size):
             task.reference(chunk)
