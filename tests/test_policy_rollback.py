@@ -5,7 +5,7 @@ the four colours) by step 30, then collapses onto one colour for good: one answe
 mixed outcomes, held-out 0.25 from step 50 to the end of a 200-step run (measured: the alarm at steps 53-55 and
 from 84 on). With
 ``rollback`` the run goes back to its step-40 checkpoint at the alarm (step 53), halves the learning rate and keeps
-its 0.5 at every later evaluation; without, it never gets back. Two 100-step runs, about 5 minutes."""
+its 0.5 at every later evaluation; without, it never gets back. Two 80-step runs: 102 s alone on this 2-core CPU."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from vlrft.cli import main
 pytestmark = pytest.mark.slow
 
 QUIET = ["logging.wandb=disabled", "logging.progress_bar=false", "logging.tensorboard=false"]
-HOT = ["optim.lr=8e-3", "optim.lr_scheduler=constant", "train.max_steps=100", "train.eval_every=10"]
+HOT = ["optim.lr=8e-3", "optim.lr_scheduler=constant", "train.max_steps=80", "train.eval_every=10"]
 HOT += ["train.save_every=10", "train.keep_last=3"]
 
 
@@ -37,7 +37,7 @@ def test_rollback_keeps_the_pre_collapse_accuracy_that_a_collapsed_run_loses(tmp
     before = max(v for s, v in plain.items() if s < alarms[0])  # the best held-out value before the collapse
     assert before >= 0.5, plain
     late = [v for s, v in plain.items() if s >= 60]
-    assert max(late) < before, (before, plain)  # without rollback: never back, at any of the last five evaluations
+    assert max(late) < before, (before, plain)  # without rollback: never back, at any of the last three evaluations
     # best/ kept the pre-collapse model even so
     assert summary["best"]["value"] == before and summary["best"]["step"] < alarms[0]
 
@@ -45,4 +45,4 @@ def test_rollback_keeps_the_pre_collapse_accuracy_that_a_collapsed_run_loses(tmp
     assert summary["rollbacks"], saved
     back = summary["rollbacks"][0]["at_step"]
     assert all(v >= before for s, v in saved.items() if s >= back), (before, saved)  # at every evaluation after it
-    assert saved[100] >= before
+    assert saved[80] >= before
