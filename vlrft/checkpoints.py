@@ -90,6 +90,11 @@ def checkpoint_dir(root: str | Path, step: int) -> Path:
     return Path(root) / f"{PREFIX}{step:06d}"
 
 
+def checkpoint_step(path: str | Path) -> int:
+    """The step of a checkpoint folder (the inverse of :func:`checkpoint_dir`)."""
+    return int(Path(path).name[len(PREFIX) :])
+
+
 def remove_path(path: Path) -> None:
     """Delete ``path`` whatever it is (a folder with its contents, a file, a link; nothing when absent)."""
     if path.is_dir() and not path.is_symlink():
@@ -182,7 +187,7 @@ def complete_checkpoints(root: str | Path) -> list[Path]:
     if not root.is_dir():
         return []
     found = [
-        (int(p.name[len(PREFIX) :]), p)
+        (checkpoint_step(p), p)
         for p in root.iterdir()
         if p.name.startswith(PREFIX) and p.name[len(PREFIX) :].isdigit() and (p / "COMPLETE").is_file()
     ]

@@ -101,7 +101,6 @@ class Run:
         self.stop_signal: str | None = None  # set by a preemption signal's handler (training_run)
         self.best = BestModel(self.train, None)  # fit() names the trainer's default metric
         self.collapse = CollapsePolicy(self.train)
-        self._state: dict[str, Any] = {}  # the checkpoint state last restored
 
     # ------------------------------------------------------------------ before the trainer exists
     def initial_model(self, tool_tokens: bool = False) -> str:
@@ -262,18 +261,15 @@ class Run:
         if len(c.rollbacks) >= c.max_rollbacks:
             self.tracker.close()
             raise CollapseError(f"{since}, after {len(c.rollbacks)} rollbacks (train.max_rollbacks); {kept}")
-        step_of = lambda p: int(p.name[len(checkpoints.PREFIX) :])  # noqa: E731
-        path = c.target(checkpoints.complete_checkpoints(self.out / CHECKPOINTS), begin, step_of)
+        path = c.target(checkpoints.complete_checkpoints(self.out / CHECKPOINTS), begin)
         if path is None:
             self.tracker.close()
             raise CollapseError(
                 f"{since}; train.on_collapse=rollback: no complete checkpoint from before it (train.save_every="
                 f"{t.save_every}, keep_last={t.keep_last}); {kept}"
             )
-        c.rollbacks.append({"at_step": done, "collapse_from": begin, "to_step": step_of(path)})
-        rollbacks = c.state_dict()
-        to, history = self._restore(trainer, path)
-        c.load_state_dict(rollbacks)  # the checkpoint predates these rollbacks
+        c.rollbacks.append({"at_step": done, "collapse_from": begin, "to_step": checkpoints.checkpoint_step(path)})
+        to, history, _ = self._restore(trainer, path)  # the rollbacks are not taken from it: it predates them
         lr = self.cfg.optim.lr * c.lr_scale
         set_base_lr(self.strategy, lr)
         self.print(
@@ -333,16 +329,16 @@ class Run:
         path = checkpoints.resume_path(self.out / CHECKPOINTS, self.train.resume, log=self.print)
         if path is None:
             return 0, [], None
-        step, history = self._restore(trainer, path)
-        self.best.load_state_dict(self._state.get("best"))
-        self.collapse.load_state_dict(self._state.get("collapse"))
+        step, history, state = self._restore(trainer, path)
+        self.best.load_state_dict(state.get("best"))
+        self.collapse.load_state_dict(state.get("collapse"))
         return step, history, path
 
-    def _restore(self, trainer: Trainer, path: Path) -> tuple[int, list[dict[str, float]]]:
+    def _restore(self, trainer: Trainer, path: Path) -> tuple[int, list[dict[str, float]], dict[str, Any]]:
         """The run as checkpoint ``path`` left it: weights, optimizer, RNG, the trainer's state; logs of later steps
-        dropped. Returns (its step, the metrics history to it)."""
+        dropped. Returns (its step, the metrics history to it, the checkpoint's run state)."""
         s = self.strategy
-        state = self._state = s.load_checkpoint(path)
+        state = s.load_checkpoint(path)
         if any(k.startswith("optim.") for k, _, _ in self.changes):  # allowed (train.resume_changes=allow)
             apply_optim(s, self.cfg.optim)
         for folder, strategy in trainer.extra_strategies().items():
@@ -354,7 +350,7 @@ class Run:
         if s.is_rank0:  # logs written after the checkpoint belong to steps that will be redone
             truncate_run_logs(self.out, state["step"])
         s.barrier()
-        return state["step"], list(state.get("history", []))
+        return state["step"], list(state.get("history", [])), state
 
 
 @contextmanager

@@ -19,6 +19,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from vlrft.checkpoints import checkpoint_step
 from vlrft.errors import KnownError
 
 BEST = "best"
@@ -103,9 +104,10 @@ class CollapsePolicy:
     def lr_scale(self) -> float:
         return self.factor ** len(self.rollbacks)
 
-    def target(self, checkpoints: list[Path], begin: int, step_of: Any) -> Path | None:
-        """The newest complete checkpoint from before step ``begin`` (the collapse's first step), or None."""
-        before = [p for p in checkpoints if step_of(p) < begin]
+    def target(self, complete: list[Path], begin: int) -> Path | None:
+        """The newest of the ``complete`` checkpoints (oldest first) from before step ``begin`` (the collapse's first
+        step), or None."""
+        before = [p for p in complete if checkpoint_step(p) < begin]
         return before[-1] if before else None
 
     def state_dict(self) -> dict[str, Any]:
