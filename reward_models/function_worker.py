@@ -22,10 +22,9 @@ exception, in the worker and inline alike.
 from __future__ import annotations
 
 import math
-import traceback
 from typing import Any, Callable
 
-from vlrft.user_code import load_callable, where
+from vlrft.user_code import load_callable, raised_at, source_file, where
 from vlrft.workers import serve_pickled
 
 SIGNATURES = ("sample", "batch", "trl", "verl")
@@ -106,13 +105,12 @@ def normal(raw: Any) -> tuple[float | None, dict[str, float], str, dict[str, str
 
 
 def described(exc: BaseException, fn: Callable[..., Any]) -> str:
-    """``file:line: Type: message`` at the innermost frame outside this module (the user's line); for a
+    """``file:line: Type: message`` at the user's line (:func:`~vlrft.user_code.raised_at` in ``fn``'s file); for a
     :class:`BadReturn`, ``fn``'s definition and what it returned. A ``SystemExit`` or ``KeyboardInterrupt`` the
     user's code raised is a failure of that code like any other (it never ends the run)."""
     if isinstance(exc, BadReturn):
         return f"{where(fn)}: {exc}"
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename != __file__]
-    at = f"{frames[-1].filename}:{frames[-1].lineno}: " if frames else ""
+    at = raised_at(exc, source_file(fn))
     if isinstance(exc, SystemExit):
         return f"{at}SystemExit({exc.code!r}): a reward function may not end the run"
     return f"{at}{type(exc).__name__}: {str(exc)[:300]}"

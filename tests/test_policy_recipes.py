@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 
 import pytest
@@ -93,7 +94,9 @@ def test_text_only_qwen2_on_gsm8k_records(tiny_model, tmp_path, shared_data):
             "logging.wandb=offline",
         ],
     )
+    hooks = sys.exit, sys.excepthook
     summary = train_policy(cfg)
+    assert (sys.exit, sys.excepthook) == hooks  # wandb replaces both; the run puts them back for what runs next
     _check_run(tmp_path / "run")
     assert list((tmp_path / "run" / "tensorboard").glob("events.out.tfevents.*"))
     assert list((tmp_path / "run" / "wandb").glob("offline-run-*"))

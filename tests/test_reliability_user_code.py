@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 import textwrap
 import time
 from pathlib import Path
@@ -165,11 +166,26 @@ def _score(*sources: str):
 
 
 # -- 1: sys.exit and KeyboardInterrupt in user code are failures of that code, never the end of the run -----------
+@pytest.fixture(params=["python", "wandb"])
+def exit_hook(request, monkeypatch):
+    """``sys.exit`` as Python has it, or wrapped by a library as wandb's run does (and leaves it): the failure is
+    located at the user's line either way, not in the library's wrapper."""
+    if request.param == "wandb":
+        from wandb.sdk.lib.exit_hooks import ExitHooks
+
+        monkeypatch.setattr(sys, "exit", sys.exit)
+        monkeypatch.setattr(sys, "excepthook", sys.excepthook)
+        ExitHooks().hook()
+    return request.param
+
+
 INLINE_EXITS = {"exits": "SystemExit(0): a reward function may not end the run", "interrupted": "KeyboardInterrupt"}
 
 
 @pytest.mark.parametrize("fn", list(INLINE_EXITS))
-def test_an_inline_function_calling_sys_exit_or_raising_keyboardinterrupt_is_a_counted_failure(rewards, fn, capfd):
+def test_an_inline_function_calling_sys_exit_or_raising_keyboardinterrupt_is_a_counted_failure(
+    rewards, fn, capfd, exit_hook
+):
     says = INLINE_EXITS[fn]
     common = f"kind: function, function: '{rewards}:{fn}', isolation: inline"
     out = _score(f"{{name: f, {common}, fallback: -1.0, max_failure_share: 1.0}}")
@@ -181,7 +197,7 @@ def test_an_inline_function_calling_sys_exit_or_raising_keyboardinterrupt_is_a_c
         _score(f"{{name: f, {common}}}")
 
 
-def test_an_inline_tool_calling_sys_exit_is_an_error_observation(tools):
+def test_an_inline_tool_calling_sys_exit_is_an_error_observation(tools, exit_hook):
     box = ToolBox(ToolsConfig(names=[f"{tools}:exits"], isolation="inline"))
     try:
         result = box.run(ToolCall("exits", {}), [])

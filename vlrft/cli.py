@@ -126,8 +126,9 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:  # raised deep inside (user code, a library): the command did not finish
         if debug:
             traceback.print_exc()
-        frames = traceback.extract_tb(exc.__traceback__)
-        at = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+        from vlrft.user_code import raised_at
+
+        at = f" at {raised_at(exc)[:-2]}" if exc.__traceback__ else ""
         print(f"vlrft {args.command}: error: SystemExit({exc.code!r}) raised{at} ended it unfinished", file=sys.stderr)
         code = exc.code if isinstance(exc.code, int) and exc.code != 0 else 2
     except Exception as exc:

@@ -70,6 +70,7 @@ class Tracker:
             os.environ.setdefault("WANDB_SILENT", "true")  # no banner and run summary on the console
             import wandb
 
+            self.exit_hooks = sys.exit, sys.excepthook  # wandb replaces both and never puts them back
             self.wandb = wandb.init(
                 project=log.wandb_project,
                 mode=log.wandb,
@@ -139,6 +140,7 @@ class Tracker:
             self.tb.close()
         if self.wandb is not None:
             self.wandb.finish()
+            sys.exit, sys.excepthook = self.exit_hooks  # later code (user code, a next run) meets Python's own
 
 
 def append_jsonl(path: Path, row: dict) -> None:

@@ -16,6 +16,7 @@ import importlib.util
 import inspect
 import os
 import sys
+import sysconfig
 import threading
 import traceback
 from pathlib import Path
@@ -107,14 +108,43 @@ def _within_time(job: Callable[[], Any], what: Any) -> Any:
     return done["value"]
 
 
-def _located(exc: BaseException, path: Path | None) -> str:
-    """``file:line: Type: message`` of the innermost frame in ``path`` (or the innermost frame at all)."""
+# Where Python and the installed libraries live, and vlrft's own packages: a frame there is not the user's line.
+_NOT_USER = tuple(
+    sorted(
+        {str(Path(sysconfig.get_paths()[k]).resolve()) + os.sep for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+        | {str(Path(__file__).resolve().parents[1] / p) + os.sep for p in ("vlrft", "reward_models", "data_pipelines")}
+    )
+)
+
+
+def raised_at(exc: BaseException, path: str | Path | None = None) -> str:
+    """``file:line: `` of the user's line where ``exc`` was raised: the innermost frame in ``path`` (the user's
+    file) when given and on the traceback, else the innermost frame outside Python, the installed libraries and
+    vlrft (a library's wrapper of ``sys.exit``, such as wandb's exit hook, or ``json.loads`` raising is not the
+    user's line), else the innermost frame; ``""`` without a traceback."""
     frames = traceback.extract_tb(exc.__traceback__)
+    if path is not None:
+        path = Path(path).resolve()
+        mine = [f for f in frames if Path(f.filename).resolve() == path]
+    else:
+        mine = [f for f in frames if not str(Path(f.filename).resolve()).startswith(_NOT_USER)]
+    at = (mine or frames)[-1:]
+    return f"{at[0].filename}:{at[0].lineno}: " if at else ""
+
+
+def _located(exc: BaseException, path: Path | None) -> str:
+    """``file:line: Type: message`` of the user's line (:func:`raised_at`) in ``path`` (or anywhere)."""
     if isinstance(exc, SyntaxError) and exc.filename:
         return f"{exc.filename}:{exc.lineno}: SyntaxError: {exc.msg}"
-    mine = [f for f in frames if path is None or Path(f.filename).resolve() == path] or frames
-    where = f"{mine[-1].filename}:{mine[-1].lineno}: " if mine else ""
-    return f"{where}{type(exc).__name__}: {exc}"
+    return f"{raised_at(exc, path)}{type(exc).__name__}: {exc}"
+
+
+def source_file(fn: Callable[..., Any] | None) -> str | None:
+    """The file ``fn`` is defined in (``None`` when unknown)."""
+    try:
+        return inspect.getsourcefile(fn) if fn is not None else None
+    except TypeError:
+        return None
 
 
 def load_callable(spec: str, key: str) -> Callable[..., Any]:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import base64
 import inspect
 import pickle
-import traceback
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
@@ -30,7 +29,7 @@ from data_pipelines.images import DEFAULT_MAX_IMAGE_PIXELS
 from vlrft.config import ConfigError, option
 from vlrft.tools.base import CallError, Tool, ToolCall, ToolResult, check_arguments, schema_problem
 from vlrft.tools.builtin import BUILTIN_TOOLS, ToolContext, ToolFailure
-from vlrft.user_code import is_spec, load_callable, where
+from vlrft.user_code import is_spec, load_callable, raised_at, source_file, where
 from vlrft.workers import WorkerPool
 
 CONTEXT_PARAMETERS = ("images",)  # what a user tool may ask for besides its arguments
@@ -194,13 +193,13 @@ def call_user_tool(fn: Any, arguments: dict[str, Any], images: list[Image.Image]
         raise ToolReturnError(f"{where(fn)} ({getattr(fn, '__name__', fn)}): {exc}") from None
 
 
-def failure(exc: BaseException) -> str:
-    """A user tool's failure as the model is told it: ``file:line: Type: message`` at the innermost frame (the
-    tool's own line), or what it returned (:class:`ToolReturnError`, located at the tool)."""
+def failure(exc: BaseException, fn: Any = None) -> str:
+    """A user tool's failure as the model is told it: ``file:line: Type: message`` at the tool's own line in
+    ``fn``'s file (:func:`~vlrft.user_code.raised_at`), or what it returned (:class:`ToolReturnError`, located
+    at the tool)."""
     if isinstance(exc, ToolReturnError):
         return str(exc)
-    frames = traceback.extract_tb(exc.__traceback__)
-    at = f"{frames[-1].filename}:{frames[-1].lineno}: " if frames else ""
+    at = raised_at(exc, source_file(fn))
     if isinstance(exc, SystemExit):
         return f"{at}SystemExit({exc.code!r}): a tool may not end the run"
     return f"{at}{type(exc).__name__}: {str(exc)[:200]}"
@@ -246,7 +245,7 @@ class ToolBox:
         except ToolFailure as exc:
             return CallError("bad_arguments", f"{call.name}: {exc}", call.name)
         except (Exception, SystemExit, KeyboardInterrupt) as exc:  # noqa: BLE001 - the model's observation, counted
-            return CallError("raised", f"{call.name} failed: {failure(exc)}", call.name)
+            return CallError("raised", f"{call.name} failed: {failure(exc, tool.fn)}", call.name)
 
     def run_many(self, jobs: list[tuple[ToolCall, list[Any]]]) -> list[ToolResult | CallError]:
         """:meth:`run` of each (call, images), concurrently: a slow call does not hold up the others."""

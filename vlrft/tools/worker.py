@@ -12,11 +12,12 @@ from vlrft.workers import serve_pickled
 
 
 def _handle(req: dict[str, Any]) -> dict[str, Any]:
+    fn = None
     try:
         fn = load_callable(req["spec"], "tools.names")
         return {"ok": True, "result": call_user_tool(fn, req["arguments"], req["images"], req["max_chars"])}
     except BaseException as exc:  # noqa: BLE001 - the user's failure, located, is the model's observation
-        return {"ok": False, "error": failure(exc)}
+        return {"ok": False, "error": failure(exc, fn)}
 
 
 if __name__ == "__main__":
