@@ -32,9 +32,8 @@ verifiers), ``srm`` (scalar reward model), ``grm`` (generative judge, pointwise 
 from __future__ import annotations
 
 from concurrent.futures import Executor
-from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
-from typing import Any, Callable, ClassVar, Iterator, Optional
+from typing import Any, Callable, ClassVar, Optional
 
 import torch
 
@@ -48,6 +47,7 @@ from reward_models.verifiers import check_verifier, get_verifier
 from vlrft.config import ConfigError, option
 from vlrft.errors import KnownError
 from vlrft.models.loading import check_model_folder, load_processor
+from vlrft.models.offload import Offloadable
 from vlrft.rollout import DEFAULT_ENGINE, ENGINES
 
 KIND_HELP = (
@@ -244,18 +244,16 @@ class GRMSourceConfig(ModelSourceConfig, JudgeTextConfig):
     )
 
 
-class ModelSource(RewardSource):
+class ModelSource(RewardSource, Offloadable):
     """A source holding a model, loaded once on CPU and moved to the scoring device only while it scores
-    (``offload``), or resident there after its first call."""
+    (``offload``), or resident there after its first call (:class:`~vlrft.models.offload.Offloadable`)."""
 
     holds_model = True
 
     def __init__(self, cfg: ModelSourceConfig, context: SourceContext):
         super().__init__(cfg, context)
         self.model = self.processor = None
-        self.resident = False  # True while the model sits on the scoring device (between calls: offload off)
-        self.n_loads = self.n_offloads = 0  # moves to the device / back to CPU memory
-        self.scored_on: list[str] = []  # the parameters' device at each scoring call
+        self.init_residency()
 
     @classmethod
     def check(cls, cfg: Any, key: str) -> None:
@@ -266,26 +264,6 @@ class ModelSource(RewardSource):
     @classmethod
     def describe(cls, cfg: ModelSourceConfig) -> str:
         return f"{cls.kind} {cfg.path}".strip()
-
-    @property
-    def parameter_device(self) -> torch.device:
-        return next(self.model.parameters()).device
-
-    @contextmanager
-    def on_device(self) -> Iterator[None]:
-        """The model on the scoring device for the block (and back to CPU memory after it, with offload)."""
-        if not self.resident:
-            self.model.to(self.device)
-            self.resident = True
-            self.n_loads += 1
-        self.scored_on.append(str(self.parameter_device))
-        try:
-            yield
-        finally:
-            if self.offload:
-                self.model.to("cpu")  # a no-op copy on CPU-only machines; the bookkeeping is the same
-                self.resident = False
-                self.n_offloads += 1
 
     def score(self, samples: list[Sample]) -> Scores:
         with self.on_device():

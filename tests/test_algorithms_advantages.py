@@ -234,7 +234,8 @@ def test_all_equal_group_gives_exact_zero(name, norm):
 
 @pytest.mark.parametrize("name", sorted(ADVANTAGE_ESTIMATORS))
 def test_all_equal_batch_fully_masked_and_zero_length_are_finite(name):
-    r = torch.full((4,), 0.7)
+    teacher = ADVANTAGE_ESTIMATORS[name].teacher  # opd: per-token rewards (0: the student is the teacher)
+    r = torch.zeros(4, 2) if teacher else torch.full((4,), 0.7)
     mask = torch.tensor([[1, 1], [1, 0], [0, 0], [1, 1]], dtype=torch.bool)  # row 2: zero-length response
     kw = {"values": torch.full((4, 2), 0.7)} if name == "gae" else {}
     adv, ret = compute_advantages(name, r, mask, group_ids=[0, 0, 1, 1], **kw)
@@ -242,9 +243,8 @@ def test_all_equal_batch_fully_masked_and_zero_length_are_finite(name):
     assert (adv[~mask] == 0).all()
     if name != "gae":  # all rewards equal -> nothing to prefer
         assert (adv == 0).all()
-    adv, ret = compute_advantages(
-        name, torch.tensor([1.0, 0.0, 1.0, 0.0]), torch.zeros(4, 2, dtype=torch.bool), group_ids=[0, 0, 1, 1], **kw
-    )
+    r = torch.ones(4, 2) if teacher else torch.tensor([1.0, 0.0, 1.0, 0.0])
+    adv, ret = compute_advantages(name, r, torch.zeros(4, 2, dtype=torch.bool), group_ids=[0, 0, 1, 1], **kw)
     assert (adv == 0).all() and (ret == 0).all()  # a fully masked batch: zeros, not NaN
 
 

@@ -335,8 +335,9 @@ def test_zero_width_batch_runs_end_to_end():
     assert lp.shape == (2, 0) and logits.grad.shape == (2, 0, 5)
     mask = torch.zeros(2, 0, dtype=torch.bool)
     assert high_entropy_mask(torch.zeros(2, 0), mask, 0.2).shape == (2, 0)
-    for est in ADVANTAGE_ESTIMATORS:
-        adv, ret = compute_advantages(est, torch.tensor([1.0, 0.0]), mask, group_ids=[0, 0], values=torch.zeros(2, 0))
+    for est, spec in ADVANTAGE_ESTIMATORS.items():
+        rewards = torch.zeros(2, 0) if spec.teacher else torch.tensor([1.0, 0.0])  # opd: per-token rewards
+        adv, ret = compute_advantages(est, rewards, mask, group_ids=[0, 0], values=torch.zeros(2, 0))
         assert adv.shape == ret.shape == (2, 0)
     for name in POLICY_LOSSES:
         for mode in LOSS_AGG_MODES:

@@ -55,6 +55,8 @@ def _check_run(out: Path, steps: int = 2) -> list[dict]:
 @pytest.mark.parametrize("recipe", sorted(p.stem for p in CONFIGS.glob("*.yaml")))
 def test_recipe_runs(recipe, tiny_model, tmp_path):
     extra = ["train.train_batch_size=8"] if recipe == "gspo" else []  # several updates per rollout batch
+    if recipe == "opd":  # distillation from a teacher of the policy's tokenizer (here: a smaller tiny model)
+        extra = [f"teacher.path={tiny_model('qwen2_5_vl', hidden=32)}"]
     cfg = load_config(
         PolicyTrainConfig,
         CONFIGS / f"{recipe}.yaml",
@@ -70,6 +72,8 @@ def test_recipe_runs(recipe, tiny_model, tmp_path):
         assert (tmp_path / "critic_checkpoints" / "step-000002" / "COMPLETE").is_file()
     if cfg.algorithm.dynamic_sampling:
         assert all(r["dynamic_sampling/tries"] >= 1 for r in rows)
+    if cfg.teacher.enabled:  # the teacher scored every step's tokens; the policy is not its own teacher here
+        assert all(abs(r["distill/reverse_kl"]) > 1e-4 and r["time/teacher"] > 0 for r in rows)
 
 
 def test_text_only_qwen2_on_gsm8k_records(tiny_model, tmp_path, shared_data):

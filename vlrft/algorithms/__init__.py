@@ -8,6 +8,7 @@ from vlrft.algorithms.advantages import (
     AdvantageEstimator,
     compute_advantages,
     discounted_returns,
+    distillation_rewards,
     register_advantage_estimator,
 )
 from vlrft.algorithms.aggregation import LOSS_AGG_MODES, aggregate_loss, global_sequence_count, global_token_count
@@ -56,6 +57,7 @@ __all__ = [
     "compute_advantages",
     "compute_policy_loss",
     "discounted_returns",
+    "distillation_rewards",
     "entropy_from_logits",
     "filter_zero_variance_groups",
     "global_sequence_count",

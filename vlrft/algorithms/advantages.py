@@ -37,6 +37,7 @@ class AdvantageEstimator:
     critic: bool  # needs values= (critic predictions): the trainer builds a value model
     std_normalizations: tuple[str, ...]  # the std_normalization values it accepts
     default_std: str  # what std_normalization=None picks
+    teacher: bool = False  # its rewards are a teacher's per-token log-probs (the trainer needs teacher.path)
 
 
 # name -> entry; filled by @register_advantage_estimator below
@@ -44,7 +45,13 @@ ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {}
 
 
 def register_advantage_estimator(
-    name: str, *, group: bool, critic: bool = False, std_normalizations: tuple[str, ...], default_std: str
+    name: str,
+    *,
+    group: bool,
+    critic: bool = False,
+    teacher: bool = False,
+    std_normalizations: tuple[str, ...],
+    default_std: str,
 ) -> Callable[[Callable], Callable]:
     """Decorator: register ``fn(rewards, response_mask, *, group_ids, values, gamma, lam, std_normalization,
     eps, **_) -> (advantages, returns)`` under ``name`` with what it needs. A new estimator is one function
@@ -59,7 +66,9 @@ def register_advantage_estimator(
         )
 
     def register(fn: Callable[..., tuple[Tensor, Tensor]]) -> Callable[..., tuple[Tensor, Tensor]]:
-        ADVANTAGE_ESTIMATORS[name] = AdvantageEstimator(fn, group, critic, tuple(std_normalizations), default_std)
+        ADVANTAGE_ESTIMATORS[name] = AdvantageEstimator(
+            fn, group, critic, tuple(std_normalizations), default_std, teacher
+        )
         return fn
 
     return register
@@ -258,6 +267,35 @@ def cpgd_advantages(
     centred = torch.where(groups.all_equal, torch.zeros_like(s), s - groups.mean)
     adv = _normalise(centred, s, groups, std_normalization, eps)
     return _broadcast(adv, response_mask), _broadcast(s, response_mask)
+
+
+def distillation_rewards(teacher_log_probs: Tensor, student_log_probs: Tensor, response_mask: Tensor) -> Tensor:
+    """Per-token rewards of on-policy distillation (Agarwal et al. 2024, GKD, arXiv 2306.13649, eq. 4 with the
+    student's own samples; Qwen3 technical report arXiv 2505.09388 Sec. 4.5; Lu and Thinking Machines 2025, "On-Policy
+    Distillation"): ``r_t = log pi_T(y_t | y_<t) - log pi_S(y_t | y_<t)`` for the token ``y_t`` the student sampled,
+    the negative single-sample estimate of the per-token reverse KL ``KL(pi_S || pi_T)``; 0 outside the mask."""
+    if teacher_log_probs.shape != student_log_probs.shape or teacher_log_probs.shape != response_mask.shape:
+        raise ValueError(
+            f"distillation_rewards: teacher {tuple(teacher_log_probs.shape)}, student "
+            f"{tuple(student_log_probs.shape)} and mask {tuple(response_mask.shape)} must be one [N, T] shape"
+        )
+    diff = teacher_log_probs.detach() - student_log_probs.detach()
+    return torch.where(response_mask.bool(), diff, torch.zeros_like(diff))
+
+
+@register_advantage_estimator("opd", group=False, teacher=True, std_normalizations=("none",), default_std="none")
+def opd_advantages(rewards, response_mask, **_) -> tuple[Tensor, Tensor]:
+    """On-policy distillation (``algorithm.advantage_estimator: opd``): the advantage of each sampled token is its
+    own distillation reward, ``A_t = r_t = log pi_T(y_t) - log pi_S(y_t)`` (:func:`distillation_rewards`, times
+    ``teacher.coef``), with no group baseline and no reward-to-go: the per-token reverse KL's policy gradient
+    ``-grad KL(pi_S || pi_T) = E_{y ~ pi_S}[sum_t (log pi_T(y_t) - log pi_S(y_t)) grad log pi_S(y_t)]`` with
+    the discount 0 of Thinking Machines' recipe (each token answers for its own divergence; the future terms have
+    zero mean under the student's sampling). ``rewards`` are token-level ``[N, T]`` (the trainer passes the
+    distillation rewards, plus a KL penalty's tokens where one is set); an outcome reward ``[N]`` is refused."""
+    if rewards.dim() != 2:
+        raise ValueError("advantage estimator 'opd' needs token-level rewards [N, T] (the teacher's per-token terms)")
+    adv = torch.where(response_mask, rewards, torch.zeros_like(rewards))
+    return adv, adv.clone()
 
 
 def compute_advantages(

@@ -6,8 +6,8 @@ each of its tokens), optionally multiplies it by truncated importance weights, a
 :func:`vlrft.algorithms.aggregation.aggregate_loss` (``algorithm.loss_agg_mode``). For the
 sequence-level losses (gspo, gmpo) use ``seq-mean-token-mean``, which gives exactly the papers'
 ``1/G sum_i loss_i``. Metrics are detached floats: ``clip_fraction`` (fraction of valid tokens whose
-objective is clipped), ``approx_kl`` (mean k3 estimate of KL(pi_old || pi_theta), >= 0),
-``ratio_mean``, plus loss-specific ones.
+objective is clipped; for cispo whose weight is clipped, for sapo whose gate weight is below 1/2),
+``approx_kl`` (mean k3 estimate of KL(pi_old || pi_theta), >= 0), ``ratio_mean``, plus loss-specific ones.
 
 Log-ratios are clamped to +-20 before exponentiation so that a wild token cannot produce inf.
 """
@@ -157,6 +157,50 @@ def cpgd_loss(log_probs, old_log_probs, advantages, mask, *, clip_low=0.2, clip_
         "clip_fraction": float(masked_mean((clipped_loss > unclipped_loss).to(log_ratio.dtype), mask)),
         "policy_drift": float(masked_mean(drift.detach(), mask)),
     }
+    return loss, log_ratio, metrics
+
+
+@register_policy_loss("cispo")
+def cispo_loss(log_probs, old_log_probs, advantages, mask, *, clip_low=1.0, clip_high=0.2, **_):
+    """CISPO (MiniMax-M1, arXiv 2506.13585, eqs. 4-5): REINFORCE weighted by the clipped, stop-gradient
+    importance weight, so no token's gradient is dropped: ``L = -sg(r^) A log pi_theta(y_t)`` with
+    ``r^ = clip(r, 1 - clip_low, 1 + clip_high)``. Each token carries ``-sg(r^) A (log pi_theta - sg(log pi_old))``:
+    the paper's gradient ``-r^ A grad log pi_theta``, and 0 at ``pi_theta = pi_old``. ``clip_low = 1`` leaves the
+    weight unbounded below (``r >= 0``), as the paper does. ``clip_fraction``: share of valid tokens whose weight
+    is clipped (``r`` outside ``[1 - clip_low, 1 + clip_high]``); they keep their gradient, scaled by the bound."""
+    log_ratio = _log_ratio(log_probs, old_log_probs)
+    ratio = log_ratio.detach().exp()
+    weight = ratio.clamp(1 - clip_low, 1 + clip_high)
+    # the log-ratio unclamped: clipping bounds the weight, never the gradient
+    loss = -weight * advantages * (log_probs - old_log_probs.detach())
+    clipped = (ratio < 1 - clip_low) | (ratio > 1 + clip_high)
+    return loss, log_ratio, {"clip_fraction": float(masked_mean(clipped.to(ratio.dtype), mask))}
+
+
+@register_policy_loss("sapo", extra_inputs=("sapo_tau_pos", "sapo_tau_neg"))
+def sapo_loss(log_probs, old_log_probs, advantages, mask, *, sapo_tau_pos=1.0, sapo_tau_neg=1.05, **_):
+    """SAPO (Gao et al. 2025, arXiv 2511.20347, the SAPO objective and its gate ``f_{i,t}``): a soft,
+    temperature-controlled gate instead of the hard clip. Per token ``L = -f(r) A``,
+    ``f(r) = (4 / tau) sigmoid(tau (r - 1))``, ``tau = sapo_tau_pos`` where ``A > 0``, else ``sapo_tau_neg``.
+    Its gradient is ``-w r A grad log pi_theta`` with the gate weight ``w = 4 s (1 - s)``, ``s = sigmoid(tau (r - 1))``:
+    ``w = 1`` at ``r = 1`` (the policy gradient), decaying smoothly as ``r`` leaves 1, faster for a larger ``tau``
+    (``sapo_tau_neg > sapo_tau_pos`` damps negative-advantage updates sooner). No clip range (``clip_low``,
+    ``clip_high`` are not read). ``clip_fraction``: share of valid tokens whose gate weight ``w < 1/2``, i.e.
+    ``|tau (r - 1)| > 2 asinh(1) = 1.7627`` (unreachable below 1 for ``tau < 1.7627``, as ``r > 0``);
+    ``gate_weight_mean``: mean ``w``."""
+    if not (sapo_tau_pos > 0 and sapo_tau_neg > 0):
+        raise ValueError(f"sapo needs sapo_tau_pos > 0 and sapo_tau_neg > 0, got {sapo_tau_pos}, {sapo_tau_neg}")
+    log_ratio = _log_ratio(log_probs, old_log_probs)
+    ratio = log_ratio.exp()
+    tau = torch.full_like(ratio, sapo_tau_neg).masked_fill(advantages > 0, sapo_tau_pos)
+    gate = torch.sigmoid(tau * (ratio - 1))
+    loss = -(4 / tau) * gate * advantages
+    with torch.no_grad():
+        weight = 4 * gate * (1 - gate)
+        metrics = {
+            "clip_fraction": float(masked_mean((weight < 0.5).to(ratio.dtype), mask)),
+            "gate_weight_mean": float(masked_mean(weight, mask)),
+        }
     return loss, log_ratio, metrics
 
 

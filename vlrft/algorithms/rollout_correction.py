@@ -57,7 +57,7 @@ def rollout_correction(
     ``trainer_logp``: the trainer's old log-probs of the sampled tokens; ``rollout_logp``: the engine's.
     ``is_weights`` (``token_tis``, else None) go to ``compute_policy_loss(is_weights=...)``; ``loss_mask``
     replaces the response mask of the policy loss (``sequence_mask`` zeroes masked sequences). Nothing
-    here carries gradient. ``rollout_logp=None`` (an engine that reports none: ``hf``) changes nothing."""
+    here carries gradient. ``rollout_logp=None`` (an engine that reports none: ``hf`` without FIRE) changes nothing."""
     if mode not in ROLLOUT_CORRECTIONS:
         raise ValueError(f"unknown rollout_correction {mode!r}; choose one of {', '.join(ROLLOUT_CORRECTIONS)}")
     if rollout_logp is None:

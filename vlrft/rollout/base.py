@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Protocol
 
 import torch
@@ -25,7 +25,17 @@ def vision_token_ids(tokenizer) -> list[int]:
 
 @dataclass
 class SamplingParams:
-    """How to sample: ``temperature == 0`` means greedy."""
+    """How to sample: ``temperature == 0`` means greedy.
+
+    ``first_token_temperature`` (FIRE, "Flaming-hot Initiation with Regular Execution", Chen et al. 2024,
+    arXiv:2410.21236, Sec. 2): the first response token is drawn from ``softmax(logits / first_token_temperature)``
+    and every later one from ``softmax(logits / temperature)``; ``top_k`` and ``top_p`` apply to the first token too,
+    after its temperature, as to every token (the paper filters the hot draw with top-k so that it stays among
+    plausible tokens; LightRFT keeps them the same for both too). Of a multi-turn trajectory, only the first token of
+    the first assistant turn (``vlrft.rollout.trajectories``). ``None``: off. ``logprobs``: the engine reports the
+    log-prob of each drawn token under the distribution it was drawn from (``Rollout.logprobs``: the first token's at
+    ``first_token_temperature``), which engines that always do (vllm) report anyway, and every engine does where FIRE
+    samples (the hot token is drawn off the trained distribution: rollout correction needs its log-prob as drawn)."""
 
     n: int = 1
     temperature: float = 1.0
@@ -33,6 +43,26 @@ class SamplingParams:
     top_k: int = 0  # 0: no top-k filtering
     max_new_tokens: int = 64
     stop: list[str] = field(default_factory=list)  # stop strings (kept in the response)
+    first_token_temperature: float | None = None  # FIRE: the first response token's temperature (None: off)
+    logprobs: bool = False  # report the drawn tokens' log-probs (Rollout.logprobs)
+
+    def __post_init__(self):
+        hot = self.first_token_temperature
+        if hot is not None and not (hot > 0 and self.temperature > 0):
+            raise ValueError(
+                f"first_token_temperature={hot} with temperature={self.temperature}: FIRE samples, both must be > 0"
+            )
+        self.logprobs = self.logprobs or hot is not None
+
+    def first_token_only(self) -> SamplingParams:
+        """This sampling for one token: at ``first_token_temperature`` where FIRE is on (FIRE's hot draw)."""
+        hot = self.first_token_temperature
+        return replace(self, max_new_tokens=1, first_token_temperature=None, temperature=hot or self.temperature)
+
+    def after_first_token(self) -> SamplingParams:
+        """This sampling from the second response token on (or for a later turn): FIRE off, the rest unchanged (its
+        log-probs still reported where FIRE's were)."""
+        return replace(self, first_token_temperature=None)
 
 
 @dataclass
@@ -63,8 +93,9 @@ class Rollout:
     # "stop" (EOS or a stop string) or "length"; trajectories also "budget" (cut by tools.max_tokens) and
     # "max_turns" (a tool called in the last turn allowed)
     finish_reason: str
-    # [R] float32: the engine's own log-probs of ``response_ids`` under the sampling distribution, where
-    # the engine reports them (vLLM; 0 on observation tokens); None where the trainer recomputes them anyway (``hf``)
+    # [R] float32: the engine's own log-probs of ``response_ids`` under the distribution each was drawn from, where
+    # the engine reports them (vLLM; hf where FIRE samples or SamplingParams.logprobs asks; 0 on observation tokens);
+    # None where the trainer recomputes them anyway (``hf`` otherwise)
     logprobs: torch.Tensor | None = None
     trajectory: Trajectory | None = None  # multi-turn rollouts with tools
 

@@ -9,6 +9,7 @@ held-out accuracy) build this config too, with :meth:`RolloutConfig.on_model`.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 from vlrft.config import option
 from vlrft.rollout.base import SamplingParams
@@ -34,6 +35,15 @@ class RolloutConfig:
     temperature: float = option(
         1.0, "sampling temperature (> 0: greedy groups are identical and give no gradient)", gt=0, why="for training"
     )
+    first_token_temperature: Optional[float] = option(
+        None,
+        "FIRE sampling (arXiv:2410.21236): the first response token's temperature, the rest at rollout.temperature; "
+        "top_p / top_k filter it too (the paper pairs a hot first token with top-k); of a multi-turn trajectory, the "
+        "first turn's first token only; training rollouts only (held-out evaluation samples at "
+        "train.eval_temperature); the engine reports each token's log-prob at the temperature it was drawn at, for "
+        "rollout correction (docs/train-policy.md); null: off",
+        gt=0,
+    )
     top_p: float = option(1.0, "nucleus sampling threshold", gt=0, le=1)
     top_k: int = option(0, "top-k filtering (0: off)", ge=0)
     max_new_tokens: int = option(16, "response length limit", ge=1)
@@ -48,7 +58,8 @@ class RolloutConfig:
         return cls(engine=engine, micro_rollout_batch_size=micro_batch_size, hf=plain)
 
     def sampling(self) -> SamplingParams:
-        """How the policy samples its groups: ``n_samples_per_prompt`` responses per prompt."""
+        """How the policy samples its groups: ``n_samples_per_prompt`` responses per prompt (FIRE's hot first token
+        where ``first_token_temperature`` is set)."""
         return SamplingParams(
             n=self.n_samples_per_prompt,
             temperature=self.temperature,
@@ -56,4 +67,5 @@ class RolloutConfig:
             top_k=self.top_k,
             max_new_tokens=self.max_new_tokens,
             stop=list(self.stop),
+            first_token_temperature=self.first_token_temperature,  # the engines then report the log-probs as drawn
         )

@@ -12,6 +12,10 @@ the compiled decode of ``rollout.hf.compile``).
 Sharded models (FSDP2, ZeRO-3) generate through the root module in lockstep (``synced_gpus``) on the
 prompts repeated n times instead.
 
+FIRE sampling (``SamplingParams.first_token_temperature``) and the drawn tokens' log-probs are one logits processor
+(:class:`DrawnDistribution`), the same on every path: the module or its copy, prefill once or not, a static cache or
+not, lockstep or not.
+
 Which of these an engine does (a copy or the module, a static cache or not, lockstep or not) is decided in one
 place, the engine's builder (``vlrft.rollout.hf``), from ``rollout.hf`` and where the policy computes.
 """
@@ -23,6 +27,7 @@ from contextlib import contextmanager
 from typing import Iterable
 
 import torch
+from transformers import LogitsProcessor, LogitsProcessorList, TopKLogitsWarper, TopPLogitsWarper
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from data_pipelines.collate import EncodedPrompt, collate_prompts, tokenizer_of
@@ -173,7 +178,18 @@ class HFRolloutEngine:
                     use_cache=True,
                     suppress_tokens=self.suppress or None,
                 )
-                if sampling.temperature > 0:
+                drawn = None  # the drawn tokens' log-probs, where FIRE samples or they are asked for
+                if sampling.first_token_temperature is not None or sampling.logprobs:
+                    drawn = DrawnDistribution(width, sampling)
+                    # it tempers and filters the scores itself: generate adds no warper after it
+                    kwargs.update(
+                        do_sample=sampling.temperature > 0,
+                        temperature=1.0,
+                        top_p=None,
+                        top_k=None,
+                        logits_processor=LogitsProcessorList([drawn]),
+                    )
+                elif sampling.temperature > 0:
                     kwargs.update(
                         do_sample=True,
                         temperature=sampling.temperature,
@@ -188,13 +204,17 @@ class HFRolloutEngine:
                     inputs = self._inputs(batch, sampling.n, device, sampling.max_new_tokens)
                     out = model.generate(**inputs, **kwargs)
                 new = out[:, width:].cpu()
+                logps = drawn.logprobs(out) if drawn is not None else None
                 for row in range(new.shape[0]):
-                    rollouts.append(self._finish(start + row // sampling.n, new[row], sampling))
+                    lp = logps[row] if logps is not None else None
+                    rollouts.append(self._finish(start + row // sampling.n, new[row], sampling, lp))
         finally:
             model.train(was_training)
         return rollouts
 
-    def _finish(self, prompt_index: int, tokens: torch.Tensor, sampling: SamplingParams) -> Rollout:
+    def _finish(
+        self, prompt_index: int, tokens: torch.Tensor, sampling: SamplingParams, logprobs: torch.Tensor | None
+    ) -> Rollout:
         ids = tokens.tolist()
         reason = "length"
         for pos, tok in enumerate(ids):
@@ -212,10 +232,54 @@ class HFRolloutEngine:
         text = self._text(ids)
         if reason == "length" and _ends_at_stop(text, sampling.stop):
             reason = "stop"
-        return Rollout(prompt_index, torch.tensor(ids, dtype=torch.long), text, reason)
+        lp = logprobs[: len(ids)] if logprobs is not None else None
+        return Rollout(prompt_index, torch.tensor(ids, dtype=torch.long), text, reason, lp)
 
     def _text(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+
+class DrawnDistribution(LogitsProcessor):
+    """The distribution ``generate`` draws each response token from, step by step, where it is not one temperature
+    for every token (FIRE: ``SamplingParams.first_token_temperature``) or where the drawn tokens' log-probs are
+    wanted (``SamplingParams.logprobs``): the scores of the first response step divided by the first token's
+    temperature, those of later steps by ``temperature``, then top-k and top-p (transformers' own warpers, in
+    ``generate``'s order: temperature first), and the log-softmax of the result, from which the next step reads the
+    log-prob of the token drawn (generate appends it to ``input_ids``) and :meth:`logprobs` the last one's.
+    ``generate`` is then given temperature 1 and no top-k / top-p, so that it adds no warper after this one (it places
+    a caller's processors after its own, which suppress the vision tokens, and before its warpers). Greedy
+    (``temperature == 0``): the argmax of the raw scores, its log-probs at temperature 1 (the trainer's for greedy)."""
+
+    def __init__(self, width: int, sampling: SamplingParams):
+        """``width``: the prompts' (left-padded) width, where the response starts in ``input_ids``."""
+        rest = sampling.temperature if sampling.temperature > 0 else 1.0
+        self.width, self.rest = width, rest
+        self.first = sampling.first_token_temperature or rest
+        greedy = sampling.temperature == 0
+        self.warpers = [] if greedy else [TopKLogitsWarper(sampling.top_k)] if sampling.top_k else []
+        if not greedy and sampling.top_p < 1.0:
+            self.warpers.append(TopPLogitsWarper(sampling.top_p))
+        self._last: torch.Tensor | None = None  # [B, V] the last step's log-probs
+        self._drawn: list[torch.Tensor] = []  # [B] per step
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        if self._last is not None:  # the token drawn at the previous step ends input_ids now
+            self._drawn.append(self._last.gather(-1, input_ids[:, -1:]).squeeze(-1))
+        scores = scores / (self.first if input_ids.shape[1] == self.width else self.rest)
+        for warper in self.warpers:
+            scores = warper(input_ids, scores)
+        self._last = torch.log_softmax(scores.float(), dim=-1)
+        return scores
+
+    def logprobs(self, sequences: torch.Tensor) -> torch.Tensor:
+        """``[B, steps]`` float32 log-probs of the tokens drawn into ``sequences`` (``generate``'s output), on the CPU;
+        rows that stopped early carry pads' values past their end (their responses are cut there)."""
+        drawn = list(self._drawn)
+        if self._last is not None:
+            drawn.append(self._last.gather(-1, sequences[:, -1:]).squeeze(-1))
+        if len(drawn) != sequences.shape[1] - self.width:
+            raise RuntimeError(f"hf engine: {len(drawn)} sampling steps for {sequences.shape[1] - self.width} tokens")
+        return torch.stack(drawn, dim=-1).float().cpu() if drawn else torch.zeros((sequences.shape[0], 0))
 
 
 def _ends_at_stop(text: str, stop: list[str]) -> bool:

@@ -1,6 +1,7 @@
 """Multi-turn rollouts with tools, on any rollout engine, a whole batch turn by turn.
 
-Turn 1 is the engine's ordinary ``generate`` (n samples per prompt: the prompt and its images once per group).
+Turn 1 is the engine's ordinary ``generate`` (n samples per prompt: the prompt and its images once per group); with
+FIRE (``SamplingParams.first_token_temperature``) its first token is the only one drawn hot.
 Each sampled turn is read for tool calls (``vlrft.tools.parse_tool_calls``); a turn without a call is the answer
 and ends its trajectory. Otherwise the calls run (``vlrft.tools.ToolBox``: time limits, errors as observations),
 their results become the template's tool turn (``data_pipelines.turns.encode_observation``: text and image parts,
@@ -101,7 +102,9 @@ class TrajectoryRunner:
             if not active:
                 break
             left = [self.cfg.max_tokens - trajs[i].used for i in active]
-            step = dataclasses.replace(sampling, n=1, max_new_tokens=min(limit, max(left)))
+            # FIRE heats the trajectory's first token only, the response's first as in a single turn; later turns
+            # still report their tokens' log-probs where turn 1 did
+            step = dataclasses.replace(sampling.after_first_token(), n=1, max_new_tokens=min(limit, max(left)))
             rollouts = self.engine.generate([concat([trajs[i].prompt, *trajs[i].parts]) for i in active], step)
             rollouts = [self._within(x, room, limit) for x, room in zip(rollouts, left)]
         return [self._rollout(t) for t in trajs]

@@ -6,7 +6,9 @@ new weights into it (``update_weights``: Hugging Face names, one tensor at a tim
 so nothing computed with the old weights is reused. Prompts go in as token ids with the raw (already
 resized) images in ``multi_modal_data``: each run of image placeholders is collapsed to one, which vLLM
 expands again. ``n`` samples per prompt are one request. The sampled tokens' log-probs come back after
-temperature (``logprobs_mode="processed_logprobs"``), for rollout correction.
+temperature, top-k and top-p (``logprobs_mode="processed_logprobs"``), for rollout correction. FIRE sampling
+(``SamplingParams.first_token_temperature``: vLLM has one temperature per request) is two requests, the first token
+hot, then the rest from the prompt and that token (:meth:`VLLMRolloutEngine._fire`).
 
 Sleep/wake: on GPUs the engine is created with ``enable_sleep_mode`` and frees its weights and KV cache
 (``rollout.vllm.sleep_level``) while the policy trains; vLLM's CPU backend refuses sleep mode, so there
@@ -16,6 +18,7 @@ eager, one process per engine (tensor parallel is refused). ``scripts/setup.sh -
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from dataclasses import dataclass
@@ -209,7 +212,14 @@ class VLLMRolloutEngine:
     def generate(self, prompts: list[EncodedPrompt], sampling: SamplingParams) -> list[Rollout]:
         if self.asleep:
             self.wake()
-        params = self._vllm.SamplingParams(
+        requests = [self._request(p) for p in prompts]
+        if sampling.first_token_temperature is not None:
+            return self._fire(requests, sampling)
+        outputs = self.llm.generate(requests, self._params(sampling), use_tqdm=False)
+        return [self._rollout(index, sample) for index, out in enumerate(outputs) for sample in out.outputs]
+
+    def _params(self, sampling: SamplingParams):
+        return self._vllm.SamplingParams(
             n=sampling.n,
             temperature=sampling.temperature,
             top_p=sampling.top_p,
@@ -222,13 +232,42 @@ class VLLMRolloutEngine:
             logprobs=0,
             allowed_token_ids=self.allowed if self.suppress else None,
         )
-        requests = [self._request(p) for p in prompts]
-        outputs = self.llm.generate(requests, params, use_tqdm=False)
-        rollouts = []
-        for index, out in enumerate(outputs):
-            for sample in out.outputs:
-                rollouts.append(self._rollout(index, sample))
-        return rollouts
+
+    def _fire(self, requests: list[dict], sampling: SamplingParams) -> list[Rollout]:
+        """FIRE in two requests, as vLLM has one temperature per request: the first token of each of the n samples at
+        ``first_token_temperature`` (one request per prompt, max_tokens 1), then each sample that did not end there
+        continued from its prompt and that token at ``temperature`` (one request each, n=1). The prefix cache holds
+        the prompt's blocks from the first request, so the second prefills little more than the new token. Each
+        token's log-prob is vLLM's at the temperature it was drawn at."""
+        hot = self.llm.generate(requests, self._params(sampling.first_token_only()), use_tqdm=False)
+        firsts = [self._rollout(index, sample) for index, out in enumerate(hot) for sample in out.outputs]
+        rest = dataclasses.replace(sampling.after_first_token(), n=1, max_new_tokens=sampling.max_new_tokens - 1)
+        going = [k for k, x in enumerate(firsts) if x.finish_reason == "length" and rest.max_new_tokens > 0]
+        more = [
+            {**requests[firsts[k].prompt_index], "prompt_token_ids": self._continued(requests, firsts[k])}
+            for k in going
+        ]
+        outputs = self.llm.generate(more, self._params(rest), use_tqdm=False) if more else []
+        for k, out in zip(going, outputs):
+            firsts[k] = self._joined(firsts[k], self._rollout(firsts[k].prompt_index, out.outputs[0]), sampling.stop)
+        return firsts
+
+    @staticmethod
+    def _continued(requests: list[dict], first: Rollout) -> list[int]:
+        return list(requests[first.prompt_index]["prompt_token_ids"]) + first.response_ids.tolist()
+
+    def _joined(self, first: Rollout, rest: Rollout, stop: list[str]) -> Rollout:
+        """A FIRE sample: its first token and its continuation as one rollout, cut at a stop string that began in the
+        first token and ended in the continuation (which neither request could see whole)."""
+        ids = torch.cat([first.response_ids, rest.response_ids])
+        logps = None
+        if first.logprobs is not None and rest.logprobs is not None:
+            logps = torch.cat([first.logprobs, rest.logprobs])
+        reason, cut = rest.finish_reason, _straddling_stop(self.tokenizer, ids.tolist(), stop)
+        if cut is not None:
+            ids, reason = ids[:cut], "stop"
+            logps = logps[:cut] if logps is not None else None
+        return Rollout(first.prompt_index, ids, self.tokenizer.decode(ids, skip_special_tokens=True), reason, logps)
 
     def _request(self, prompt: EncodedPrompt) -> dict:
         ids = prompt.input_ids.tolist() if torch.is_tensor(prompt.input_ids) else list(prompt.input_ids)
@@ -251,6 +290,23 @@ class VLLMRolloutEngine:
             reason,
             torch.tensor(logps, dtype=torch.float32) if len(logps) == len(ids) else None,
         )
+
+
+def _straddling_stop(tokenizer, ids: list[int], stop: list[str]) -> int | None:
+    """The length of the shortest prefix of ``ids`` (two tokens or more) whose text holds a stop string that its first
+    token's text does not, looked for only while the text is short enough for the stop string to begin in the first
+    token; None when there is none."""
+    if not stop or len(ids) < 2:
+        return None
+    head = tokenizer.decode(ids[:1], skip_special_tokens=True)
+    reach = len(head) + max(len(s) for s in stop)
+    for k in range(2, len(ids) + 1):
+        text = tokenizer.decode(ids[:k], skip_special_tokens=True)
+        if any(s in text and s not in head for s in stop):
+            return k
+        if len(text) >= reach:
+            return None
+    return None
 
 
 @register_engine("vllm", "a colocated vLLM engine, weights synced after each update, see docs/train-policy.md")

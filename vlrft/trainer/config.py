@@ -29,6 +29,7 @@ from vlrft.run_config import DataSourceConfig, RunConfig
 from vlrft.strategies.config import OptimConfig, StrategyConfig
 from vlrft.tools import ToolsConfig
 from vlrft.tracking import LoggingConfig
+from vlrft.trainer.teacher import TeacherConfig
 
 # The embedded default: one rule verifier that reads the answer word of a synthetic task's response.
 DEFAULT_REWARD = RewardPoolConfig(sources=[VerifierSourceConfig(name="accuracy", verifier="vocab_answer")])
@@ -104,9 +105,18 @@ class AlgorithmConfig:
         1.0, "train only on the top rho fraction of tokens by entropy (1: all)", gt=0, le=1
     )
     policy_drift_coef: float = option(0.1, "CPGD policy-drift weight", ge=0)
+    sapo_tau_pos: float = option(
+        1.0,
+        "SAPO gate temperature for positive advantages (larger: the gate closes sooner as the ratio leaves 1)",
+        gt=0,
+    )
+    sapo_tau_neg: float = option(
+        1.05, "SAPO gate temperature for negative advantages (the paper: > sapo_tau_pos)", gt=0
+    )
     rollout_correction: str = option(
         "none",
-        "correction for the rollout engine's log-probs differing from the trainer's (rollout.engine=vllm): "
+        "correction for the rollout engine's log-probs differing from the trainer's (rollout.engine=vllm, or any "
+        "engine with rollout.first_token_temperature: FIRE's hot first token): "
         "none, token_tis (truncated IS per token), sequence_mask (drop sequences off by more than the threshold)",
         choices=ROLLOUT_CORRECTIONS,
     )
@@ -140,6 +150,17 @@ class AlgorithmConfig:
                 f"algorithm.policy_loss={self.policy_loss} takes {', '.join(missing)}, which is no algorithm.* "
                 "option; add the option to AlgorithmConfig"
             )
+        self._check_sapo()
+
+    def _check_sapo(self) -> None:
+        """SAPO has a gate and no clip range; its temperatures are read by it alone: neither is set in vain."""
+        defaults = {f.name: f.default for f in fields(self)}
+        keys, why = ("sapo_tau_pos", "sapo_tau_neg"), f"read by policy_loss sapo only, not {self.policy_loss}"
+        if self.policy_loss == "sapo":
+            keys, why = ("clip_low", "clip_high"), "sapo has no clip range (its gate: algorithm.sapo_tau_pos / _neg)"
+        for key in keys:
+            if getattr(self, key) != defaults[key]:
+                raise ConfigError(f"algorithm.{key}={getattr(self, key)}: {why}; leave it unset")
 
 
 @dataclass
@@ -210,6 +231,7 @@ class PolicyTrainConfig:
     algorithm: AlgorithmConfig = option(AlgorithmConfig(), "RL algorithm")
     reward: RewardPoolConfig = option(DEFAULT_REWARD, "reward pool: weighted sources, per-task recipes")
     critic: CriticConfig = option(CriticConfig(), "value model (PPO with GAE)")
+    teacher: TeacherConfig = option(TeacherConfig(), "on-policy distillation's teacher (docs/distillation.md)")
     tools: ToolsConfig = option(ToolsConfig(), "multi-turn rollouts with tools (docs/tools.md); none by default")
     optim: OptimConfig = option(OptimConfig(lr=1e-6), "AdamW and learning-rate schedule")
     strategy: StrategyConfig = option(StrategyConfig(), "single process, FSDP2 or DeepSpeed")
@@ -220,6 +242,11 @@ class PolicyTrainConfig:
 
     def validate(self) -> None:
         r, t = self.rollout, self.train
+        if self.algorithm.estimator.teacher and not self.teacher.enabled:
+            raise ConfigError(
+                f"algorithm.advantage_estimator={self.algorithm.advantage_estimator}: needs a teacher "
+                "(teacher.path: a model folder with the policy's tokenizer)"
+            )
         if self.algorithm.estimator.group and r.n_samples_per_prompt < 2:
             raise ConfigError(
                 f"rollout.n_samples_per_prompt={r.n_samples_per_prompt}: must be >= 2 for "

@@ -96,6 +96,7 @@ class Experience:
     returns: torch.Tensor | None = None  # [N, R] GAE returns, the critic's targets
     groups: list[ScoredGroup] = field(default_factory=list)  # what the rows came from (sample logs)
     rollout_log_probs: torch.Tensor | None = None  # [N, R] the engine's own (vllm), for rollout correction
+    teacher_log_probs: torch.Tensor | None = None  # [N, R] on-policy distillation's teacher (sample logs)
 
     def __len__(self) -> int:
         return int(self.response_ids.shape[0])
@@ -119,9 +120,19 @@ class Experience:
                 "reward": float(self.rewards[i]),
                 "advantage": float(self.advantages[i, 0]) if self.advantages.shape[1] else 0.0,
                 **(turn_log(x.trajectory) if x.trajectory is not None else {}),
+                **self._distilled(i),
             }
             for i, (rec, x) in enumerate(rows)
         ]
+
+    def _distilled(self, i: int) -> dict[str, Any]:
+        """Sample ``i``'s per-token log-probs under the teacher and the student (its sampled tokens only), when a
+        teacher scored it."""
+        if self.teacher_log_probs is None or self.old_log_probs is None:
+            return {}
+        m = self.response_mask[i].bool()
+        pick = lambda t: [round(float(v), 4) for v in t[i][m]]  # noqa: E731
+        return {"teacher_logprobs": pick(self.teacher_log_probs), "student_logprobs": pick(self.old_log_probs)}
 
     def micro_batch(self, index: torch.Tensor) -> dict[str, torch.Tensor]:
         """Samples ``index`` as a micro-batch (sequences re-collated to their own width)."""

@@ -43,7 +43,9 @@ def policy_micro_loss(
     agg = dict(
         global_token_count=global_token_count, num_sequences=num_sequences, max_response_length=max_response_length
     )
-    rollout_logp = mb.get("rollout_log_probs")  # the engine's own (vllm; None for hf) vs the trainer's
+    rollout_logp = mb.get(
+        "rollout_log_probs"
+    )  # the engine's own (vllm, hf with FIRE; None for hf otherwise) vs the trainer's
     is_weights, loss_mask, rc_metrics = rollout_correction(
         a.rollout_correction, old, rollout_logp, loss_mask, cap=a.rollout_is_cap, threshold=a.rollout_mask_threshold
     )

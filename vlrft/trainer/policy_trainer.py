@@ -20,6 +20,7 @@ from vlrft.algorithms import (
     RunningRewardNormalizer,
     apply_kl_penalty,
     clip_rewards,
+    distillation_rewards,
     global_sequence_count,
     global_token_count,
     kl_penalty,
@@ -56,6 +57,7 @@ from vlrft.trainer.experience import (
 )
 from vlrft.trainer.heldout import HeldoutContext
 from vlrft.trainer.micro_losses import critic_micro_loss, policy_micro_loss
+from vlrft.trainer.teacher import Teacher, distillation_metrics
 
 
 class PolicyTrainer(Trainer):
@@ -63,7 +65,7 @@ class PolicyTrainer(Trainer):
     curve_keys = ("reward/combined", "accuracy", "frac_reward_zero_std")
     # the console line of a step (everything goes to metrics.jsonl, TensorBoard and wandb)
     console_keys = ("reward/", "accuracy", "frac_reward_zero_std", "entropy", "kl", "response_length/mean")
-    console_keys += ("train/grad_norm", "critic/loss", "time/step", "eval/accuracy", "eval/pass@")
+    console_keys += ("train/grad_norm", "critic/loss", "time/step", "eval/accuracy", "eval/pass@", "distill/reverse_kl")
 
     def __init__(
         self,
@@ -76,6 +78,7 @@ class PolicyTrainer(Trainer):
         *,
         eval_records: list[PromptRecord] | None = None,
         ref_model: torch.nn.Module | None = None,
+        teacher: Teacher | None = None,
         evaluate_fn: Any = None,
         accuracy: tuple[str, str] | None = None,
         critic: tuple[torch.nn.Module, Strategy] | None = None,
@@ -88,12 +91,13 @@ class PolicyTrainer(Trainer):
         ``critic``: (value model, its own strategy) for PPO with GAE; its optimizer is built here.
         ``total_steps`` (the run's, ``vlrft.loop.Run.total_steps``; default ``train.max_steps``) sets the
         learning-rate schedule; ``guard`` is the run's non-finite guard; ``log`` prints a console line; ``tools``: the
-        run's tools (multi-turn rollouts, ``vlrft.rollout.trajectories``)."""
+        run's tools (multi-turn rollouts, ``vlrft.rollout.trajectories``); ``teacher``: on-policy distillation's
+        (``vlrft.trainer.teacher``)."""
         self.cfg, self.strategy, self.processor = cfg, strategy, processor
         self.tokenizer = tokenizer_of(processor)
         self.pad_id = self.tokenizer.pad_token_id
         self.train_records, self.eval_records = train_records, eval_records or []
-        self.reward_pool, self.ref_model, self.log = reward_pool, ref_model, log
+        self.reward_pool, self.ref_model, self.teacher, self.log = reward_pool, ref_model, teacher, log
         self.evaluate_fn = evaluate_fn
         self.accuracy_source, self.accuracy_verifier = accuracy or (None, None)
         t = cfg.train
@@ -238,16 +242,29 @@ class PolicyTrainer(Trainer):
             shaped = clip_rewards(shaped, -a.reward_clip, a.reward_clip)
         if self.normalizer is not None:
             shaped = self.normalizer.normalize(shaped)
+        distill = teacher_logp = None
+        if self.teacher is not None:  # on-policy distillation: the teacher's view of every sampled token
+            if old_logp is None:
+                old_logp = self._logprobs(self.model, batch, response_ids)  # the student's (behaviour) log-probs
+            teacher_logp = self.teacher.log_probs(batch, response_ids, shared=self.shared, suppress=self.suppress)
+            distill = self.cfg.teacher.coef * distillation_rewards(teacher_logp, old_logp, response_mask)
+            metrics.update(distillation_metrics(teacher_logp, old_logp, response_mask, self.teacher.take_seconds()))
+        if a.estimator.teacher:  # the distillation rewards are the token rewards (no outcome reward)
+            shaped = torch.zeros_like(shaped)
         token_rewards = shaped
         if ref_logp is not None and not a.use_kl_loss and self.kl_ctl.value > 0:
             old = old_logp if old_logp is not None else self._logprobs(self.model, batch, response_ids)
             kl = kl_penalty(old, ref_logp, a.kl_estimator)
             token_rewards = apply_kl_penalty(shaped, kl, response_mask, self.kl_ctl.value)
+        if a.estimator.teacher:
+            token_rewards = distill + (token_rewards if token_rewards.dim() == 2 else 0.0)
         values = None
         if self.critic is not None:
             mbs = self.cfg.train.micro_train_batch_size
             values = infer_response_values(self.critic, batch, response_ids, micro_batch_size=mbs, shared=self.shared)
         advantages, returns = global_advantages(self.strategy, a, token_rewards, response_mask, group_ids, values)
+        if distill is not None and not a.estimator.teacher:  # verl's and Qwen3's recipe: task advantage + coef x term
+            advantages = advantages + distill
 
         metrics.update(rollout_metrics(rewards_t, per_source_t, self.accuracy_source, group_ids, rollouts))
         if self.accuracy_source in per_source_t:
@@ -268,6 +285,7 @@ class PolicyTrainer(Trainer):
             returns=returns if values is not None else None,
             groups=groups,
             rollout_log_probs=stack_rollout_logprobs(rollouts, response_ids.shape[1]),
+            teacher_log_probs=teacher_logp,
         )
 
     def _logprobs(self, model, batch, response_ids) -> torch.Tensor:

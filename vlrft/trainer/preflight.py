@@ -38,6 +38,7 @@ from vlrft.models.loading import PROCESSOR_FILES, TOKENIZER_FILES, check_model_f
 from vlrft.run_folder import check_output_dir
 from vlrft.tools import check_tools
 from vlrft.trainer.config import PolicyTrainConfig
+from vlrft.trainer.teacher import check_teacher
 
 
 def world_size() -> int:
@@ -251,6 +252,10 @@ def preflight_policy(cfg: PolicyTrainConfig, world: int | None = None) -> dict[s
     if cfg.critic.path and cfg.algorithm.estimator.critic and not Path(cfg.critic.path).exists():
         if path_like(cfg.critic.path):
             raise ConfigError(f"critic.path={cfg.critic.path}: no such folder")
+    if cfg.teacher.enabled:
+        check_model_folder(cfg.teacher.path, "teacher.path")
+        if cfg.model.path:  # a tiny model built at the start is checked against the teacher then
+            check_teacher(cfg.teacher.path, cfg.model.path)
     check = record_check(cfg.reward, vision, model_key(cfg))
     reports = {}
     for key, source in (("data.train_source", cfg.data.train_source), ("data.eval_source", cfg.data.eval_source)):

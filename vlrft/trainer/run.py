@@ -25,6 +25,7 @@ from vlrft.trainer.config import PolicyTrainConfig
 from vlrft.trainer.heldout import heldout_eval
 from vlrft.trainer.policy_trainer import PolicyTrainer
 from vlrft.trainer.preflight import model_key, preflight_policy, record_check
+from vlrft.trainer.teacher import Teacher, check_teacher
 
 
 def build_critic(cfg: PolicyTrainConfig, policy_path: str):
@@ -86,9 +87,13 @@ def _train_policy(cfg: PolicyTrainConfig, run: Run) -> dict[str, Any]:
     path = run.initial_model(tool_tokens=cfg.tools.enabled)
     model, processor = load_model(path, cfg.model.dtype)
     tools = ToolBox(cfg.tools, processor_image_kwargs(processor)) if cfg.tools.enabled else None
-    ref_model = None
+    ref_model = teacher = None
     if cfg.algorithm.kl_coef > 0:
         ref_model, _ = strategy.prepare(load_model(path, cfg.model.dtype)[0], trainable=False)[:2]
+    if cfg.teacher.enabled:
+        if not cfg.model.path:  # the tiny model built at the start (preflight checked a given one)
+            check_teacher(cfg.teacher.path, path, run.print)
+        teacher = Teacher(cfg.teacher, cfg.model.dtype, strategy.device, strategy.compute_like_policy)
 
     def prompts(source: str, size: int, seed: int, unique_ids: bool = False) -> list[PromptRecord]:
         records = load_prompt_records(source, cfg, size, seed, processor, unique_ids)
@@ -132,6 +137,7 @@ def _train_policy(cfg: PolicyTrainConfig, run: Run) -> dict[str, Any]:
         pool,
         eval_records=eval_records,
         ref_model=ref_model,
+        teacher=teacher,
         accuracy=(accuracy, accuracy_verifier),
         critic=critic,
         evaluate_fn=heldout_eval if eval_records else None,
