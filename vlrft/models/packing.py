@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from vlrft.models.attention_functions import PACKED_SDPA, attention_kind, use_packed_attention
+from vlrft.models.attention_functions import PACKED_SDPA, _text_config, attention_kind, use_packed_attention
 from vlrft.models.packed_attention import PackedBlock, PackedLayout, PackedRow
 
 
@@ -84,13 +84,25 @@ def _rope_owner(model: torch.nn.Module) -> Any:
 BLOCK_MASK_ATTENTION = ("sdpa", "eager", PACKED_SDPA)
 
 
+# text layer types (a config's ``layer_types``) that carry a recurrent state along the sequence instead of attending
+# over keys and values (Qwen3.5's Gated DeltaNet; transformers' convolution and state-space hybrids)
+RECURRENT_LAYER_TYPES = frozenset({"linear_attention", "conv", "mamba", "hybrid", "hybrid_sliding"})
+
+
+def recurrent_layers(model: torch.nn.Module) -> list[int]:
+    """The indices of the text layers that the model's config names recurrent (:data:`RECURRENT_LAYER_TYPES`)."""
+    types = getattr(_text_config(model), "layer_types", None) or ()
+    return [i for i, t in enumerate(types) if t in RECURRENT_LAYER_TYPES]
+
+
 def shared_forward_applies(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> bool:
-    """The batch says which samples share a prompt, the model's attention takes the block mask, and no response
-    holds images of its own. Multi-turn responses with text observations pack as any response does (their tokens
-    continue the prompt's positions one by one); images that tools returned inside a response would need their
-    own m-rope positions and vision features in the packed row, which this packing does not lay out, so such
-    batches take the plain path."""
-    if "prompt_index" not in batch or attention_kind(model) not in BLOCK_MASK_ATTENTION:
+    """The batch says which samples share a prompt, the model's attention takes the block mask, its text layers all
+    attend (a recurrent layer, :func:`recurrent_layers`, would run through a packed row ``[prompt | r_1 | r_2]``
+    carrying r_1's state into r_2: the block mask does not reach it), and no response holds images of its own.
+    Multi-turn responses with text observations pack as any response does (their tokens continue the prompt's
+    positions one by one); images that tools returned inside a response would need their own m-rope positions and
+    vision features in the packed row, which this packing does not lay out, so such batches take the plain path."""
+    if "prompt_index" not in batch or attention_kind(model) not in BLOCK_MASK_ATTENTION or recurrent_layers(model):
         return False
     return "response_images" not in batch or not bool(batch["response_images"].any())
 

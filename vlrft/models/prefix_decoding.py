@@ -72,8 +72,30 @@ def share_prompt_cache(cache: Any, prompt_mask: torch.Tensor, n: int, room: int)
     made the cache of ``n`` samples per prompt, each with ``room`` tokens to decode, in place: every layer becomes a
     :class:`SharedPrefixLayer` (the model's text attention must be ``packed_sdpa``:
     ``attention_functions.use_packed_attention`` says whether it is; any other attention would read the samples' own
-    keys only)."""
+    keys only).
+
+    Declined for a cache that holds a recurrent layer (the model's config names linear-attention layers, e.g.
+    Qwen3.5's Gated DeltaNet, whose cache layers hold a convolution window and a recurrent state, not keys and values
+    per position): the cache is expanded to one copy per sample instead (:func:`repeat_cache`), which is exact (the
+    prompt is still prefilled once)."""
+    if any(not isinstance(x, DynamicLayer) for x in cache.layers):
+        return repeat_cache(cache, n)
     cache.layers = [SharedPrefixLayer(x.keys, x.values, prompt_mask, n, room) for x in cache.layers]
+    return cache
+
+
+def repeat_cache(cache: Any, n: int) -> Any:
+    """A prefilled cache of one row per prompt made the cache of its ``n`` samples (each row repeated ``n`` times,
+    in place): ``Cache.batch_repeat_interleave``, which transformers (5.24) leaves undefined for linear-attention
+    layers (their convolution and recurrent states are repeated here)."""
+    for layer in cache.layers:
+        if isinstance(layer, DynamicLayer):
+            layer.batch_repeat_interleave(n)
+            continue
+        for states in (layer.conv_states, layer.recurrent_states):
+            for i, state in states.items():
+                if state is not None:
+                    states[i] = state.repeat_interleave(n, dim=0)
     return cache
 
 

@@ -23,6 +23,10 @@ try:
     from transformers import Qwen3VLConfig, Qwen3VLProcessor
 except ImportError:  # older transformers
     Qwen3VLConfig = Qwen3VLProcessor = None
+try:  # Qwen3-VL-MoE, Qwen3.5 and Qwen3.5-MoE: transformers builds Qwen3-VL's processor for them
+    from transformers import Qwen3_5Config, Qwen3_5MoeConfig, Qwen3VLMoeConfig
+except ImportError:  # older transformers
+    Qwen3_5Config = Qwen3_5MoeConfig = Qwen3VLMoeConfig = None
 
 
 def torchvision_available() -> bool:
@@ -73,7 +77,7 @@ def register_image_only_processors() -> None:
     of real models name the stock processor class in their config and keep getting it.
     """
     pairs = [(Qwen2VLConfig, ImageOnlyQwen2VLProcessor), (Qwen2_5_VLConfig, ImageOnlyQwen2_5_VLProcessor)]
-    if Qwen3VLConfig is not None:
-        pairs.append((Qwen3VLConfig, ImageOnlyQwen3VLProcessor))
+    qwen3_family = (Qwen3VLConfig, Qwen3VLMoeConfig, Qwen3_5Config, Qwen3_5MoeConfig)
+    pairs += [(c, ImageOnlyQwen3VLProcessor) for c in qwen3_family if c is not None and Qwen3VLProcessor is not None]
     for config_cls, proc_cls in pairs:
         AutoProcessor.register(config_cls, proc_cls, exist_ok=True)

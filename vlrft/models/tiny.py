@@ -41,6 +41,10 @@ try:
     from transformers import Qwen3VLConfig
 except ImportError:  # transformers without Qwen3-VL
     Qwen3VLConfig = None
+try:
+    from transformers import Qwen3_5Config, Qwen3_5MoeConfig, Qwen3VLMoeConfig
+except ImportError:  # transformers without Qwen3.5 (5.2+) or Qwen3-VL-MoE
+    Qwen3_5Config = Qwen3_5MoeConfig = Qwen3VLMoeConfig = None
 
 
 # Qwen's special tokens, in Qwen's order.
@@ -308,29 +312,68 @@ def build_config(spec: TinySpec, tokenizer: Qwen2Tokenizer):
             in_channels=3,
         )
         return Qwen2_5_VLConfig(text_config=text, vision_config=vision, **special)
-    if spec.arch == "qwen3_vl":
-        text["head_dim"] = spec.hidden // spec.heads
-        text["rope_parameters"]["mrope_interleaved"] = True
-        vision = dict(
-            depth=depth,
-            hidden_size=vh,
-            intermediate_size=vh * 2,
-            num_heads=4,
-            out_hidden_size=spec.hidden,
-            patch_size=16,
-            spatial_merge_size=2,
-            temporal_patch_size=2,
-            num_position_embeddings=256,
-            deepstack_visual_indexes=[0],
-            in_channels=3,
-        )
-        return Qwen3VLConfig(text_config=text, vision_config=vision, **special)
+    if spec.arch in QWEN3_FAMILY:
+        return _qwen3_family_config(spec, text, special)
     raise ValueError(f"unknown arch {spec.arch!r}; choose one of {', '.join(ARCHS)}")
+
+
+# the Qwen3-VL family (patch 16, Qwen3-VL's vision tower): the arch -> its config class
+QWEN3_FAMILY = {
+    "qwen3_vl": Qwen3VLConfig,
+    "qwen3_vl_moe": Qwen3VLMoeConfig,
+    "qwen3_5": Qwen3_5Config,
+    "qwen3_5_moe": Qwen3_5MoeConfig,
+}
+
+
+def _qwen3_family_config(spec: TinySpec, text: dict, special: dict):
+    """Qwen3-VL (dense / MoE) and Qwen3.5 (dense / MoE): Qwen3-VL's vision tower (Qwen3.5's without deepstack), its
+    interleaved m-rope; MoE: 4 experts, top-2 routing (Qwen3.5-MoE also a shared expert); Qwen3.5: Gated DeltaNet
+    linear-attention layers, full attention every 4th layer and in the last (so 2 layers are one of each), the
+    rotary embedding on half of each head (Qwen3.5's 0.25 of 256 dims would leave a tiny head 2 rotary pairs)."""
+    head_dim, vh, depth = spec.hidden // spec.heads, spec.vision_hidden, spec.vision_depth
+    text["head_dim"] = head_dim
+    text["rope_parameters"]["mrope_interleaved"] = True
+    vision = dict(
+        depth=depth,
+        hidden_size=vh,
+        intermediate_size=vh * 2,
+        num_heads=4,
+        out_hidden_size=spec.hidden,
+        patch_size=16,
+        spatial_merge_size=2,
+        temporal_patch_size=2,
+        num_position_embeddings=256,
+        in_channels=3,
+    )
+    if spec.arch.startswith("qwen3_vl"):
+        vision["deepstack_visual_indexes"] = [0]
+    if spec.arch.endswith("moe"):
+        text.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=spec.hidden)
+    if spec.arch == "qwen3_5_moe":
+        text["shared_expert_intermediate_size"] = spec.hidden
+    if spec.arch.startswith("qwen3_5"):
+        half = head_dim // 4  # rotary pairs on half of the head, in temporal / height / width sections
+        text["rope_parameters"].update(
+            partial_rotary_factor=0.5, mrope_section=[half - 2 * (half // 3)] + [half // 3] * 2
+        )
+        text.update(
+            layer_types=[
+                "full_attention" if (i + 1) % 4 == 0 or i == spec.layers - 1 else "linear_attention"
+                for i in range(spec.layers)
+            ],
+            linear_conv_kernel_dim=4,
+            linear_key_head_dim=head_dim,
+            linear_value_head_dim=head_dim,
+            linear_num_key_heads=spec.kv_heads,
+            linear_num_value_heads=spec.heads,
+        )
+    return QWEN3_FAMILY[spec.arch](text_config=text, vision_config=vision, **special)
 
 
 def build_image_processor(arch: str) -> Qwen2VLImageProcessorPil:
     """A PIL-backed Qwen-VL image processor bounded to 4-16 LLM tokens per image."""
-    if arch == "qwen3_vl":  # patch 16, merge 2: one token per 32x32 pixels
+    if arch in QWEN3_FAMILY:  # patch 16, merge 2: one token per 32x32 pixels
         return Qwen2VLImageProcessorPil(
             size={"shortest_edge": 4 * 32 * 32, "longest_edge": 16 * 32 * 32},
             patch_size=16,
@@ -347,11 +390,9 @@ def build_image_processor(arch: str) -> Qwen2VLImageProcessorPil:
     )
 
 
-_PROCESSORS = {
-    "qwen2_vl": ImageOnlyQwen2VLProcessor,
-    "qwen2_5_vl": ImageOnlyQwen2_5_VLProcessor,
-    "qwen3_vl": ImageOnlyQwen3VLProcessor,
-}
+# transformers builds Qwen3-VL's processor for every arch of the Qwen3 family
+_PROCESSORS = {"qwen2_vl": ImageOnlyQwen2VLProcessor, "qwen2_5_vl": ImageOnlyQwen2_5_VLProcessor}
+_PROCESSORS.update(dict.fromkeys(QWEN3_FAMILY, ImageOnlyQwen3VLProcessor))
 
 
 def make_tiny_model(out_dir: str | Path, arch: str = "qwen2_5_vl", **sizes) -> Path:

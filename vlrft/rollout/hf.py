@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
-from vlrft.config import option
+from vlrft.config import ConfigError, option
+from vlrft.models.packing import recurrent_layers
 from vlrft.rollout.hf_engine import HFRolloutEngine
 from vlrft.rollout.inference_copy import InferenceCopyEngine
 from vlrft.rollout.registry import DEFAULT_ENGINE, register_engine
@@ -92,6 +93,13 @@ def build_hf_engine(
     copy = cfg.wants_copy(synced, device)
     lockstep = synced and not copy
     static = cfg.wants_static_cache(copy, device) and not lockstep
+    if static and recurrent_layers(model):  # the static cache holds keys and values only, not recurrent states
+        if cfg.compile == "on":
+            raise ConfigError(
+                "rollout.hf.compile=on: the static-cache decode holds keys and values only, and this model has "
+                f"recurrent (linear-attention) layers {recurrent_layers(model)}; use rollout.hf.compile=auto or off"
+            )
+        static = False
     common = dict(micro_batch_size=micro_batch_size, static_cache=static, sleep_level=cfg.sleep_level, device=device)
     if copy:
         return InferenceCopyEngine(model, processor, dtype=cfg.copy_dtype(first.dtype, device), **common)

@@ -32,7 +32,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from data_pipelines.collate import EncodedPrompt, collate_prompts, tokenizer_of
 from vlrft.models.attention_functions import use_packed_attention
-from vlrft.models.prefix_decoding import share_prompt_cache
+from vlrft.models.prefix_decoding import repeat_cache, share_prompt_cache
 from vlrft.rollout.base import Rollout, SamplingParams, vision_token_ids
 from vlrft.rollout.static_cache import StaticCaches
 
@@ -144,7 +144,7 @@ class HFRolloutEngine:
         if shared:  # each prompt's cache held once for its n samples, theirs filled in place (no copy per step)
             cache = share_prompt_cache(cache, prefix["attention_mask"], n, new_tokens + 1)
         else:
-            cache.batch_repeat_interleave(n)
+            cache = repeat_cache(cache, n)  # linear-attention layers' states too (Qwen3.5)
         if self.static_cache:
             cache = self._static.filled(cache, self.model.config, rep["input_ids"].shape[1] + new_tokens)
         if multimodal_rope:  # generate continues at text position + each prompt's m-rope offset

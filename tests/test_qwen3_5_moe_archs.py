@@ -1,0 +1,205 @@
+"""Qwen3.5 (hybrid Gated DeltaNet linear attention + full attention; dense and mixture-of-experts) and Qwen3-VL-MoE:
+the tiny models reload as hub checkpoints do, generate through the hf engine as the plain forward predicts, train
+(train-policy, train-sft) end to end, and the group-shared paths decline where a recurrent layer would make them
+wrong (issue 60)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+import torch
+from PIL import Image
+from tolerance import assert_within
+
+from data_pipelines.collate import encode_prompt
+from data_pipelines.records import PromptRecord
+from vlrft.archs import ARCHS
+from vlrft.cli import main
+from vlrft.models.loading import load_model
+from vlrft.models.packing import recurrent_layers, shared_forward_applies, shared_prompt_logits
+from vlrft.models.processing import ImageOnlyQwen3VLProcessor
+from vlrft.models.tiny import CHAT_TEMPLATE
+from vlrft.rollout import SamplingParams, make_engine
+from vlrft.trainer.experience import response_logprobs, response_tensors
+
+NEW = ("qwen3_5", "qwen3_5_moe", "qwen3_vl_moe")
+HYBRID = ("qwen3_5", "qwen3_5_moe")
+
+pytestmark = pytest.mark.skipif(
+    not set(NEW) <= set(ARCHS), reason="transformers without Qwen3.5 / Qwen3-VL-MoE (5.24 has them)"
+)
+
+# Both sides compute the same float32 sums in another order or batch layout (one sample alone vs right-padded among
+# others; the chunked vs the recurrent gated delta rule in decoding): a log-prob of the tiny model is a sum over
+# ~1e3 logits and 2 layers of 64-wide dot products of O(1) terms, each reordered sum off by a few ulps (1.2e-7 at
+# 1), ~10 along the path: ~1e-6 at worst. 1e-5 is ten times that (tests/test_group_forward.py's bound).
+FORWARD_BOUND = 1e-5
+QUIET = ["logging.wandb=disabled", "logging.progress_bar=false", "logging.tensorboard=false"]
+
+
+def _image(seed: int, size: tuple[int, int]) -> Image.Image:
+    g = torch.Generator().manual_seed(seed)
+    return Image.fromarray(torch.randint(0, 256, (size[1], size[0], 3), generator=g, dtype=torch.uint8).numpy())
+
+
+def _prompts(proc) -> list:
+    recs = [
+        PromptRecord(id="one", prompt="<image> what colour?", images=[_image(1, (64, 96))]),
+        PromptRecord(id="text", prompt="A text-only prompt that is a little longer than the others."),
+        PromptRecord(id="two", prompt="<image> and <image>: same?", images=[_image(2, (64, 64)), _image(3, (128, 64))]),
+    ]
+    return [encode_prompt(proc, r) for r in recs]
+
+
+def _alone(model, prompt, response: torch.Tensor, suppress: list[int] = ()) -> torch.Tensor:
+    """The log-softmax ``[R, V]`` predicting ``response`` from one unpadded sequence [prompt | response]: the plain
+    per-sample forward, no cache, no padding, no other sample (``suppress``: token ids the engine never samples)."""
+    ids = torch.cat([prompt.input_ids, response])[None]
+    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    if prompt.mm_token_type_ids is not None:
+        inputs["mm_token_type_ids"] = torch.cat([prompt.mm_token_type_ids, torch.zeros_like(response)])[None]
+    if prompt.pixel_values is not None:
+        inputs.update(pixel_values=prompt.pixel_values, image_grid_thw=prompt.image_grid_thw)
+    with torch.no_grad():
+        logits = model(**inputs, use_cache=False).logits[0]
+    p = prompt.input_ids.numel()
+    picked = logits[p - 1 : p - 1 + response.numel()].double()
+    return torch.log_softmax(picked.index_fill(-1, torch.tensor(list(suppress), dtype=torch.long), -torch.inf), -1)
+
+
+@pytest.mark.parametrize("arch", NEW)
+def test_tiny_folder_reloads_with_the_auto_classes_and_load_model(arch, tiny_model):
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    path = tiny_model(arch, tool_tokens=True)
+    auto = AutoModelForImageTextToText.from_pretrained(path)
+    model, proc = load_model(path)
+    assert type(model) is type(auto) and type(proc) is type(AutoProcessor.from_pretrained(path))
+    assert type(proc) is ImageOnlyQwen3VLProcessor  # no torchvision needed
+    assert all(torch.equal(a, b) for a, b in zip(auto.state_dict().values(), model.state_dict().values()))
+    text = model.config.get_text_config()
+    if arch in HYBRID:
+        assert text.layer_types == ["linear_attention", "full_attention"] and recurrent_layers(model) == [0]
+    else:
+        assert getattr(text, "layer_types", None) in (None, ["full_attention"] * 2) and recurrent_layers(model) == []
+    if arch.endswith("moe"):
+        assert (text.num_experts, text.num_experts_per_tok) == (4, 2)
+    # the same tokenizer and chat template (tool markup included) as the other tiny models
+    ref = load_model(tiny_model("qwen2_5_vl", tool_tokens=True), processor=True)[1].tokenizer
+    assert proc.tokenizer.get_vocab() == ref.get_vocab() and proc.chat_template == CHAT_TEMPLATE
+    assert proc.tokenizer.convert_tokens_to_ids("<tool_call>") == ref.convert_tokens_to_ids("<tool_call>")
+    prompt = _prompts(proc)[0]
+    assert prompt.image_grid_thw.tolist() == [[1, 6, 4]]  # 96x64 pixels, 16-pixel patches (Qwen3-VL's tower)
+    out = _alone(model, prompt, torch.tensor([5, 6, 7]))
+    assert out.shape == (3, len(proc.tokenizer)) and torch.isfinite(out).all()
+    if arch in HYBRID:  # no fla / causal-conv1d kernels here: transformers' PyTorch gated delta rule computed it
+        assert importlib.util.find_spec("fla") is None and importlib.util.find_spec("causal_conv1d") is None
+
+
+@pytest.mark.parametrize("arch", NEW)
+def test_hf_engine_greedy_equals_the_plain_forward_argmax_and_its_logprobs(arch, tiny_model):
+    """Prefill once (the hybrid models decline the shared prompt cache: their cache is repeated per sample) and
+    plain generate give the same tokens; each is the argmax of the plain per-sample forward, and the engine's
+    log-probs are its log-softmax."""
+    model, proc = load_model(tiny_model(arch))
+    model.eval()
+    prompts = _prompts(proc)
+    engine = make_engine("hf", model, proc)
+    assert engine.prefill_once
+    runs = {}
+    for once in (True, False):
+        engine.prefill_once = once
+        runs[once] = engine.generate(prompts, SamplingParams(n=2, temperature=0, max_new_tokens=6, logprobs=True))
+    assert [x.response_ids.tolist() for x in runs[True]] == [x.response_ids.tolist() for x in runs[False]]
+    worst = 0.0
+    for x in runs[True]:
+        ref = _alone(model, prompts[x.prompt_index], x.response_ids, engine.suppress)
+        assert x.response_ids.tolist() == ref.argmax(-1).tolist()
+        got = ref.gather(1, x.response_ids[:, None])[:, 0]
+        worst = max(worst, (x.logprobs.double() - got).abs().max().item())
+    print(f"{arch}: engine vs plain forward log-probs, max |d| {worst:.2e}")
+    assert_within(worst, FORWARD_BOUND, f"{arch}: hf engine log-probs vs the plain per-sample forward")
+
+
+@pytest.mark.parametrize("arch", NEW)
+def test_group_shared_forward_declines_recurrent_layers_and_equals_the_plain_forward(arch, tiny_model):
+    """Hybrid models: the group-shared forward declines (decided from the config's layer types) and the log-probs
+    asked for with ``shared=True`` equal each sample's forward alone; the packed row it declines is measurably
+    wrong there (the recurrent state of one response runs into the next). Qwen3-VL-MoE (attention only) packs."""
+    from data_pipelines.collate import collate_sequences
+
+    model, proc = load_model(tiny_model(arch))
+    model.eval()
+    prompts = _prompts(proc)
+    g = torch.Generator().manual_seed(0)
+    index = [0, 0, 0, 1, 2, 2]
+    responses = [torch.randint(3, 200, (int(torch.randint(2, 8, (1,), generator=g)),), generator=g) for _ in index]
+    pad = proc.tokenizer.pad_token_id
+    batch = collate_sequences(prompts, index, responses, pad)
+    ids, mask = response_tensors(responses, pad)
+    assert shared_forward_applies(model, batch) == (arch not in HYBRID)
+    with torch.no_grad():
+        got, _ = response_logprobs(model, batch, ids, shared=True)
+        packed = torch.log_softmax(shared_prompt_logits(model, batch, ids.shape[1], torch.device("cpu")).double(), -1)
+    ref = torch.zeros(ids.shape, dtype=torch.float64)
+    for i, (p, r) in enumerate(zip(index, responses)):
+        ref[i, : r.numel()] = _alone(model, prompts[p], r).gather(1, r[:, None])[:, 0]
+    m = mask.bool()
+    worst = (got.double() - ref)[m].abs().max().item()
+    packed_gap = (packed.gather(2, ids[..., None])[..., 0] - ref)[m].abs().max().item()
+    print(f"{arch}: shared=True vs alone {worst:.2e}; the packed row vs alone {packed_gap:.2e}")
+    assert_within(worst, FORWARD_BOUND, f"{arch}: log-probs with shared=True vs each sample's forward alone")
+    if arch in HYBRID:
+        assert packed_gap > 1e-3  # what the decline avoids
+    else:
+        assert_within(packed_gap, FORWARD_BOUND, f"{arch}: the packed row vs each sample's forward alone")
+
+
+@pytest.mark.parametrize("arch", NEW)
+def test_train_policy_and_train_sft_two_steps(arch, tiny_model, tmp_path):
+    path = tiny_model(arch)
+    small = ["data.synthetic_train_size=8", "data.synthetic_eval_size=4", "train.max_steps=2", "train.eval_every=0"]
+    rc = main(
+        ["train-policy", f"model.path={path}", f"train.output_dir={tmp_path / 'rl'}", *small, *QUIET]
+        + ["rollout.rollout_batch_size=2", "rollout.max_new_tokens=4", "optim.lr=1e-3"]
+    )
+    assert rc == 0
+    rows = [json.loads(x) for x in (tmp_path / "rl" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "reward/combined" in r]
+    assert [r["step"] for r in steps] == [1, 2] and all(r["train/grad_norm"] > 0 for r in steps)
+    assert (tmp_path / "rl" / "final" / "model.safetensors").is_file()
+    rc = main(["train-sft", f"model.path={path}", f"train.output_dir={tmp_path / 'sft'}", *small, *QUIET])
+    assert rc == 0
+    rows = [json.loads(x) for x in (tmp_path / "sft" / "metrics.jsonl").read_text().splitlines()]
+    nll = [r["eval/nll"] for r in rows if "eval/nll" in r]
+    assert [r["step"] for r in rows if "eval/nll" in r] == [0, 2] and nll[1] < nll[0]
+    # every parameter trained: the linear-attention layer's and every expert's too (Adam moves any nonzero gradient)
+    before, _ = load_model(path, processor=False)
+    after, _ = load_model(tmp_path / "sft", processor=False)
+    old = dict(before.named_parameters())
+    frozen = [n for n, p in after.named_parameters() if torch.equal(p, old[n])]
+    print(f"{arch}: sft held-out nll {nll[0]:.3f} -> {nll[1]:.3f}; unchanged parameters: {frozen}")
+    assert frozen == []
+
+
+@pytest.mark.parametrize("arch", [a for a in NEW if a.startswith("qwen3_5")])
+def test_eager_attention_decodes_like_sdpa_and_the_static_cache_is_declined(arch, tiny_model):
+    """Eager attention repeats the prefilled cache per sample, linear-attention states included (transformers' own
+    ``batch_repeat_interleave`` does not exist for them: it raised AttributeError); the static-cache decode holds keys
+    and values only, so ``compile: auto`` declines it for these models and ``compile: on`` is one line."""
+    from vlrft.config import ConfigError
+    from vlrft.rollout.hf import HFEngineConfig
+
+    model, proc = load_model(tiny_model(arch))
+    model.eval()
+    prompts = _prompts(proc)
+    sampling = SamplingParams(n=2, temperature=0, max_new_tokens=6)
+    sdpa = [x.response_ids.tolist() for x in make_engine("hf", model, proc).generate(prompts, sampling)]
+    model.set_attn_implementation("eager")
+    eager = [x.response_ids.tolist() for x in make_engine("hf", model, proc).generate(prompts, sampling)]
+    assert eager == sdpa
+    assert not make_engine("hf", model, proc, hf=HFEngineConfig(inference_copy="off", compile="auto")).static_cache
+    with pytest.raises(ConfigError, match=r"rollout.hf.compile=on: the static-cache decode holds keys and values"):
+        make_engine("hf", model, proc, hf=HFEngineConfig(inference_copy="off", compile="on"))
