@@ -84,6 +84,12 @@ def test_sharded_strategies_stream_full_tensors(tiny_model, tmp_path, strategy, 
     assert report["missing_from_disk"] == [] and report["missing_from_export"] == []
     assert report["max_diff_disk"] == 0.0  # the stream before an update is the model as loaded ...
     assert report["moved"] > 1e-3  # ... an update moves it (Adam, lr 1e-2) ...
+    # ZeRO-3's partitions are padded, the padding never written: the finiteness check reads only real elements (NaN
+    # bits in the padding once stopped a finite 3-rank run), and still sees a NaN in a real one
+    if strategy == "deepspeed" and stage == "3" and ranks == 3:
+        assert report["padding_nan_ignored"] is True
+    else:
+        assert report["padding_nan_ignored"] in (True, None)
     if lora:  # ... and after it the stream is the exported state, its adapters merged (one rank-4 product: ~1e-7)
         assert report["lora_layers"] == 2 * model.config.text_config.num_hidden_layers
         assert_within(report["max_diff_export"], 1e-6, f"{strategy} LoRA stream vs the export merged")

@@ -54,6 +54,7 @@ def main() -> None:
     every = lambda n, p: True  # noqa: E731
     report["groups"] = [len(g) for g in strategy._gathered_groups(strategy.unwrap(), every, None)]
     report["groups_bf16"] = [len(g) for g in strategy._gathered_groups(strategy.unwrap(), every, torch.bfloat16)]
+    report["padding_nan_ignored"] = _padding_probe(strategy)
     state = strategy.full_state_dict()
     if strategy.is_rank0 and lora:  # the exported state holds base weights and adapters under peft's names
         scaling = {n: m.scaling["default"] for n, m in strategy.unwrap().named_modules() if hasattr(m, "lora_A")}
@@ -69,6 +70,37 @@ def main() -> None:
         report["missing_from_export"] = sorted(set(after) - set(state))
         torch.save(report, out_file)
     strategy.barrier()
+
+
+def _padding_probe(strategy) -> bool | None:
+    """ZeRO-3: NaN written into the padding of every partition (memory DeepSpeed never initialises) leaves the weights
+    finite to ``require_finite_weights``; NaN in one real element does not. ``None`` where nothing is padded."""
+    from vlrft.errors import NonFiniteError
+
+    params = [p for p in strategy.unwrap().parameters() if hasattr(p, "ds_tensor")]
+    rank = torch.distributed.get_rank()
+    padded = [p for p in params if p.ds_numel - rank * p.ds_tensor.ds_numel < p.ds_tensor.ds_numel]
+    if not strategy._agree(bool(padded)):
+        return None
+    with torch.no_grad():
+        for p in padded:
+            real = max(0, p.ds_numel - rank * p.ds_tensor.ds_numel)
+            p.ds_tensor.reshape(-1)[real:] = float("nan")
+        strategy.require_finite_weights("in the padding probe")  # raises if the padding were read
+        first = params[0].ds_tensor.reshape(-1)
+        kept = first[0].clone()
+        if rank == 0:
+            first[0] = float("nan")
+        try:
+            strategy.require_finite_weights("in the padding probe")
+            caught = False
+        except NonFiniteError:
+            caught = True
+        first[0] = kept
+        for p in padded:
+            real = max(0, p.ds_numel - rank * p.ds_tensor.ds_numel)
+            p.ds_tensor.reshape(-1)[real:] = 0.0
+    return caught
 
 
 if __name__ == "__main__":
