@@ -1,7 +1,8 @@
-"""Image-only Qwen-VL processors that work without torchvision.
+"""Qwen-VL processors that work without torchvision.
 
 transformers 5.x's Qwen-VL processors insist on a video processor, and every video processor imports
-torchvision, which has no CPU build. The subclasses below take no video processor; registering them
+torchvision, which has no CPU build. The subclasses below take no video processor from the folder and use
+vlrft's own (``data_pipelines.video.QwenVideoProcessor``: PyAV and numpy, same outputs); registering them
 with ``AutoProcessor`` makes ``AutoProcessor.from_pretrained`` work on such machines. Where torchvision
 imports, the stock processors are left alone.
 """
@@ -18,6 +19,8 @@ from transformers import (
     Qwen2VLConfig,
     Qwen2VLProcessor,
 )
+
+from data_pipelines.video import QwenVideoProcessor
 
 try:
     from transformers import Qwen3VLConfig, Qwen3VLProcessor
@@ -53,7 +56,8 @@ def _image_only(base):
             self.vision_start_token_id = tokenizer.convert_tokens_to_ids(self.vision_start_token)
             self.vision_end_token_id = tokenizer.convert_tokens_to_ids(self.vision_end_token)
             ProcessorMixin.__init__(self, image_processor, tokenizer, chat_template=chat_template, **kwargs)
-            self.video_processor = None
+            # videos through vlrft's own processor (PyAV + numpy), on the image processor's patch grid
+            self.video_processor = QwenVideoProcessor.like(image_processor) if image_processor is not None else None
 
     ImageOnlyProcessor.__name__ = ImageOnlyProcessor.__qualname__ = "ImageOnly" + base.__name__
     return ImageOnlyProcessor
