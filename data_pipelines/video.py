@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +47,23 @@ VIDEO_MAX_FRAMES = 768  # qwen-vl-utils' FPS_MAX_FRAMES
 VIDEO_MIN_TOKENS = 128  # per frame, qwen-vl-utils' VIDEO_MIN_TOKEN_NUM
 VIDEO_MAX_TOKENS = 768  # per frame, qwen-vl-utils' VIDEO_MAX_TOKEN_NUM
 VIDEO_TOTAL_TOKENS = int(128000 * 0.9)  # the whole video: 90% of qwen-vl-utils' MODEL_SEQ_LEN
+
+
+@dataclass(frozen=True)
+class VideoSettings:
+    """How a video is sampled and sized (the module doc): frames per second, the frame-count bounds, and the pixel
+    bounds per frame and for the whole video (``None``: qwen-vl-utils' defaults). The one list of these settings:
+    :func:`load_video` and :class:`QwenVideoProcessor` take them as keywords (an unknown one is a ``TypeError``)."""
+
+    fps: float = VIDEO_FPS
+    min_frames: int = VIDEO_MIN_FRAMES
+    max_frames: int = VIDEO_MAX_FRAMES
+    min_pixels: int | None = None
+    max_pixels: int | None = None
+    total_pixels: int | None = None
+
+
+SETTINGS = tuple(f.name for f in fields(VideoSettings))
 
 
 @dataclass(frozen=True)
@@ -176,46 +193,43 @@ def iter_frames(
     )
 
 
-def load_video(
-    src: Any,
-    *,
-    factor: int,
-    fps: float = VIDEO_FPS,
-    min_frames: int = VIDEO_MIN_FRAMES,
-    max_frames: int = VIDEO_MAX_FRAMES,
-    min_pixels: int | None = None,
-    max_pixels: int | None = None,
-    total_pixels: int | None = None,
-    base_dir: str | Path | None = None,
-) -> Video:
+def load_video(src: Any, *, factor: int, base_dir: str | Path | None = None, **settings: Any) -> Video:
     """A video file or a list of frame images, sampled and resized for Qwen-VL (see the module doc); ``factor``
-    is ``patch_size * merge_size`` (28 for Qwen2-VL/Qwen2.5-VL, 32 for Qwen3-VL)."""
+    is ``patch_size * merge_size`` (28 for Qwen2-VL/Qwen2.5-VL, 32 for Qwen3-VL); ``settings``: those of
+    :class:`VideoSettings`."""
+    cfg = VideoSettings(**settings)
     if isinstance(src, (list, tuple)):
-        return _load_frame_list(src, factor, fps, max_frames, min_pixels, max_pixels, total_pixels, base_dir)
+        return _load_frame_list(src, factor, cfg, base_dir)
     info = probe_video(src, base_dir=base_dir)
     try:
-        indices = sample_indices(info.total_frames, info.fps, fps=fps, min_frames=min_frames, max_frames=max_frames)
+        indices = sample_indices(
+            info.total_frames, info.fps, fps=cfg.fps, min_frames=cfg.min_frames, max_frames=cfg.max_frames
+        )
     except ValueError as exc:
         raise DataError(f"{exc}: {info.path}", category="too few frames") from None
-    h, w = frame_size(
-        info.height,
-        info.width,
-        len(indices),
-        factor=factor,
-        min_pixels=min_pixels,
-        max_pixels=max_pixels,
-        total_pixels=total_pixels,
-    )
+    h, w = _sized(info.height, info.width, len(indices), factor, cfg)
     frames = [_resized(im, w, h) for im in iter_frames(info.path, indices)]
     return Video(frames, indices, info.fps, info.total_frames, info.path)
 
 
-def _load_frame_list(frames, factor, fps, max_frames, min_pixels, max_pixels, total_pixels, base_dir) -> Video:
+def _sized(height: int, width: int, n: int, factor: int, cfg: VideoSettings) -> tuple[int, int]:
+    return frame_size(
+        height,
+        width,
+        n,
+        factor=factor,
+        min_pixels=cfg.min_pixels,
+        max_pixels=cfg.max_pixels,
+        total_pixels=cfg.total_pixels,
+    )
+
+
+def _load_frame_list(frames, factor: int, cfg: VideoSettings, base_dir) -> Video:
     if not frames:
         raise DataError("video frame list is empty", category="empty video")
     indices = list(range(len(frames)))
-    if len(frames) > max_frames:
-        indices = sample_indices(len(frames), fps, fps=fps, max_frames=max_frames)
+    if len(frames) > cfg.max_frames:
+        indices = sample_indices(len(frames), cfg.fps, fps=cfg.fps, max_frames=cfg.max_frames)
     indices += indices[-1:] * (len(indices) % FRAME_FACTOR)  # qwen-vl-utils pads an odd list with its last frame
     images = {i: load_image(frames[i], max_pixels=None, base_dir=base_dir) for i in sorted(set(indices))}
     sizes = {im.size for im in images.values()}
@@ -223,10 +237,8 @@ def _load_frame_list(frames, factor, fps, max_frames, min_pixels, max_pixels, to
     if len(sizes) > 1:
         raise DataError(f"video frames differ in size {sorted(sizes)}: {label}", category="bad video frames")
     (width, height), n = sizes.pop(), len(indices)
-    h, w = frame_size(
-        height, width, n, factor=factor, min_pixels=min_pixels, max_pixels=max_pixels, total_pixels=total_pixels
-    )
-    return Video([_resized(images[i], w, h) for i in indices], indices, fps, len(frames), label)
+    h, w = _sized(height, width, n, factor, cfg)
+    return Video([_resized(images[i], w, h) for i in indices], indices, cfg.fps, len(frames), label)
 
 
 def patchify(frames: np.ndarray, *, patch_size: int, merge_size: int, temporal_patch_size: int) -> np.ndarray:
@@ -261,7 +273,7 @@ class QwenVideoProcessor:
     """
 
     model_input_names = ["pixel_values_videos", "video_grid_thw"]
-    settings = ("fps", "min_frames", "max_frames", "min_pixels", "max_pixels", "total_pixels")
+    settings = SETTINGS
 
     def __init__(
         self,
@@ -272,19 +284,19 @@ class QwenVideoProcessor:
         image_mean,
         image_std,
         rescale_factor: float = 1 / 255,
-        fps: float = VIDEO_FPS,
-        min_frames: int = VIDEO_MIN_FRAMES,
-        max_frames: int = VIDEO_MAX_FRAMES,
-        min_pixels: int | None = None,
-        max_pixels: int | None = None,
-        total_pixels: int | None = None,
         base_dir: str | Path | None = None,
+        **settings: Any,
     ) -> None:
+        """``settings``: those of :class:`VideoSettings` (readable as attributes: ``processor.fps`` ...)."""
         self.patch_size, self.merge_size, self.temporal_patch_size = patch_size, merge_size, temporal_patch_size
         self.image_mean, self.image_std = np.asarray(image_mean, np.float64), np.asarray(image_std, np.float64)
         self.rescale_factor, self.base_dir = rescale_factor, base_dir
-        self.fps, self.min_frames, self.max_frames = fps, min_frames, max_frames
-        self.min_pixels, self.max_pixels, self.total_pixels = min_pixels, max_pixels, total_pixels
+        self.video_settings = VideoSettings(**settings)
+
+    def __getattr__(self, name: str) -> Any:  # processor.fps, processor.max_frames, ...: its settings
+        if name in SETTINGS and "video_settings" in self.__dict__:
+            return getattr(self.__dict__["video_settings"], name)
+        raise AttributeError(name)
 
     @classmethod
     def like(cls, image_processor: Any, **settings: Any) -> QwenVideoProcessor:
@@ -302,7 +314,7 @@ class QwenVideoProcessor:
 
     def load(self, src: Any, **settings: Any) -> Video:
         """One video sampled and resized by this processor's settings (``settings`` override them)."""
-        opts = {name: settings.get(name, getattr(self, name)) for name in self.settings}
+        opts = vars(replace(self.video_settings, **settings))
         return load_video(src, factor=self.patch_size * self.merge_size, base_dir=self.base_dir, **opts)
 
     def __call__(self, videos: Any, *, video_metadata: Any = None, return_tensors: Any = None, **kwargs: Any):

@@ -298,19 +298,7 @@ def build_config(spec: TinySpec, tokenizer: Qwen2Tokenizer):
         )
         return Qwen2VLConfig(text_config=text, vision_config=vision, **special)
     if spec.arch == "qwen2_5_vl":
-        vision = dict(
-            depth=depth,
-            hidden_size=vh,
-            intermediate_size=vh * 2,
-            num_heads=4,
-            out_hidden_size=spec.hidden,
-            fullatt_block_indexes=[depth - 1],
-            window_size=56,
-            patch_size=14,
-            spatial_merge_size=2,
-            temporal_patch_size=2,
-            in_channels=3,
-        )
+        vision = _vision_tower(spec, patch_size=14, fullatt_block_indexes=[depth - 1], window_size=56)
         return Qwen2_5_VLConfig(text_config=text, vision_config=vision, **special)
     if spec.arch in QWEN3_FAMILY:
         return _qwen3_family_config(spec, text, special)
@@ -326,26 +314,23 @@ QWEN3_FAMILY = {
 }
 
 
+def _vision_tower(spec: TinySpec, **own: Any) -> dict:
+    """The vision config of Qwen2.5-VL's and Qwen3-VL's towers (``hidden_size`` their width, ``out_hidden_size`` the
+    LLM's), with each family's ``own`` keys (patch size, windows, position embeddings)."""
+    common = dict(depth=spec.vision_depth, hidden_size=spec.vision_hidden, intermediate_size=spec.vision_hidden * 2)
+    common.update(num_heads=4, out_hidden_size=spec.hidden, spatial_merge_size=2, temporal_patch_size=2, in_channels=3)
+    return {**common, **own}
+
+
 def _qwen3_family_config(spec: TinySpec, text: dict, special: dict):
     """Qwen3-VL (dense / MoE) and Qwen3.5 (dense / MoE): Qwen3-VL's vision tower (Qwen3.5's without deepstack), its
     interleaved m-rope; MoE: 4 experts, top-2 routing (Qwen3.5-MoE also a shared expert); Qwen3.5: Gated DeltaNet
     linear-attention layers, full attention every 4th layer and in the last (so 2 layers are one of each), the
     rotary embedding on half of each head (Qwen3.5's 0.25 of 256 dims would leave a tiny head 2 rotary pairs)."""
-    head_dim, vh, depth = spec.hidden // spec.heads, spec.vision_hidden, spec.vision_depth
+    head_dim = spec.hidden // spec.heads
     text["head_dim"] = head_dim
     text["rope_parameters"]["mrope_interleaved"] = True
-    vision = dict(
-        depth=depth,
-        hidden_size=vh,
-        intermediate_size=vh * 2,
-        num_heads=4,
-        out_hidden_size=spec.hidden,
-        patch_size=16,
-        spatial_merge_size=2,
-        temporal_patch_size=2,
-        num_position_embeddings=256,
-        in_channels=3,
-    )
+    vision = _vision_tower(spec, patch_size=16, num_position_embeddings=256)
     if spec.arch.startswith("qwen3_vl"):
         vision["deepstack_visual_indexes"] = [0]
     if spec.arch.endswith("moe"):
