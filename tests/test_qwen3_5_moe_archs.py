@@ -203,3 +203,14 @@ def test_eager_attention_decodes_like_sdpa_and_the_static_cache_is_declined(arch
     assert not make_engine("hf", model, proc, hf=HFEngineConfig(inference_copy="off", compile="auto")).static_cache
     with pytest.raises(ConfigError, match=r"rollout.hf.compile=on: the static-cache decode holds keys and values"):
         make_engine("hf", model, proc, hf=HFEngineConfig(inference_copy="off", compile="on"))
+
+
+def test_lora_reaches_qwen3_5s_linear_attention_projections(tiny_model):
+    """The default LoRA targets adapt Qwen3.5's linear-attention projections too (in_proj_qkv, in_proj_z, out_proj),
+    beside the full-attention and MLP ones; the dense architectures have none of those names."""
+    from vlrft.strategies import OptimConfig, StrategyConfig, make_strategy
+
+    strategy = make_strategy(StrategyConfig(lora_rank=4), OptimConfig(lr=1e-3))
+    strategy.prepare(load_model(tiny_model("qwen3_5"))[0], total_steps=1)
+    adapted = {n.split(".")[-2] for n, _ in strategy.unwrap().named_modules() if n.endswith("lora_A")}
+    assert {"in_proj_qkv", "in_proj_z", "out_proj", "q_proj", "o_proj", "down_proj"} <= adapted, adapted

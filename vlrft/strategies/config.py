@@ -47,7 +47,9 @@ class StrategyConfig:
     lora_rank: int = option(0, "LoRA rank through peft (0: full fine-tuning)")
     lora_alpha: int = option(16, "LoRA alpha")
     lora_target_modules: str = option(
-        "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj", "comma-separated module names for LoRA"
+        "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj,in_proj_qkv,in_proj_z,out_proj",
+        "comma-separated module names for LoRA (the last three: Qwen3.5's linear-attention projections; a name a model "
+        "lacks is skipped)",
     )
     seed: int = option(
         0,
