@@ -147,9 +147,9 @@ class Strategy:
         return float(norm)
 
     def _local_weights(self) -> Iterator[torch.Tensor]:
-        """This rank's share of the trained parameters (ZeRO-3: its partition; FSDP2: its shard)."""
+        """This rank's share of the trained parameters (FSDP2: its shard; ZeRO-3 overrides this)."""
         for p in self.unwrap().parameters():
-            yield _zero3_partition(p) if hasattr(p, "ds_tensor") else local_tensor(p.detach())
+            yield local_tensor(p.detach())
 
     def require_finite_weights(self, where: str) -> None:
         """Raise :class:`NonFiniteError` (on every rank) when any trained parameter is NaN or infinite:
@@ -259,14 +259,3 @@ class Strategy:
     @property
     def lr(self) -> float:
         return self.optimizer.param_groups[0]["lr"] if self.optimizer is not None else 0.0
-
-
-def _zero3_partition(param: torch.nn.Parameter) -> torch.Tensor:
-    """The elements of a ZeRO-3 parameter that this rank's partition really holds: the partitions are padded to equal
-    sizes and the padding of the last ones is never written (uninitialised memory, now and then NaN bits: a finite
-    model read as non-finite on 3 ranks), so only the first ``ds_numel - rank * partition size`` count."""
-    part = param.ds_tensor.detach().reshape(-1)
-    group = getattr(param, "ds_process_group", None)
-    rank = torch.distributed.get_rank(group) if torch.distributed.is_initialized() else 0
-    real = max(0, min(part.numel(), param.ds_numel - rank * param.ds_tensor.ds_numel))
-    return part[:real]

@@ -131,6 +131,19 @@ class DeepSpeedStrategy(Strategy):
     def unwrap(self, model: torch.nn.Module | None = None) -> torch.nn.Module:
         return self.ds_engine.module if model is None else getattr(model, "module", model)
 
+    def _local_weights(self) -> Iterator[torch.Tensor]:
+        """ZeRO-3: the elements of each parameter that this rank's partition really holds (the partitions are padded
+        to equal sizes and the padding of the last ones is never written: uninitialised memory, now and then NaN bits,
+        once read as a non-finite model on 3 ranks), so only the first ``ds_numel - rank * partition size`` count;
+        stages 1-2: the whole parameter."""
+        for p in self.unwrap().parameters():
+            if not hasattr(p, "ds_tensor"):
+                yield p.detach()
+                continue
+            part = p.ds_tensor.detach().reshape(-1)
+            rank = torch.distributed.get_rank(getattr(p, "ds_process_group", None))
+            yield part[: max(0, min(part.numel(), p.ds_numel - rank * p.ds_tensor.ds_numel))]
+
     def _gathered_groups(
         self, model: torch.nn.Module, sent: Callable[[str, torch.nn.Parameter], bool], dtype: torch.dtype | None
     ) -> Iterator[list[tuple[str, torch.nn.Parameter | torch.Tensor]]]:
