@@ -34,6 +34,7 @@ from vlrft.algorithms.policy_losses import (
     value_loss,
 )
 from vlrft.algorithms.preference import PREFERENCE_LOSSES, preference_loss, rpo_loss
+from vlrft.algorithms.rollout_correction import OFF_POLICY_CORRECTIONS, decoupled_weights
 from vlrft.algorithms.sft import sft_loss, shifted_targets
 from vlrft.algorithms.shaping import RunningRewardNormalizer, clip_rewards, combine_rewards, overlong_penalty
 
@@ -41,6 +42,7 @@ __all__ = [
     "ADVANTAGE_ESTIMATORS",
     "KL_ESTIMATORS",
     "LOSS_AGG_MODES",
+    "OFF_POLICY_CORRECTIONS",
     "POLICY_LOSSES",
     "PREFERENCE_LOSSES",
     "STD_NORMALIZATIONS",
@@ -56,6 +58,7 @@ __all__ = [
     "combine_rewards",
     "compute_advantages",
     "compute_policy_loss",
+    "decoupled_weights",
     "discounted_returns",
     "distillation_rewards",
     "entropy_from_logits",

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from vlrft.algorithms import aggregate_loss, compute_policy_loss, high_entropy_mask, kl_penalty, value_loss
-from vlrft.algorithms.rollout_correction import rollout_correction
+from vlrft.algorithms.rollout_correction import decoupled_weights, rollout_correction
 from vlrft.trainer.experience import response_logprobs, response_values
 
 
@@ -29,7 +29,8 @@ def policy_micro_loss(
     suppress: torch.Tensor,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The policy loss of micro-batch ``mb`` (``a``: the algorithm section; ``kl_coef``: the KL controller's value
-    this step) and its metrics (``policy/*``, rollout correction's, ``kl``, ``entropy``)."""
+    this step) and its metrics (``policy/*``, rollout correction's or decoupled PPO's ``off_policy/*``, ``kl``,
+    ``entropy``)."""
     # entropy is always computed: it is the metric that shows a collapsing policy
     logp, entropy = response_logprobs(
         module, mb, mb["response_ids"], temperature=temperature, with_entropy=True, shared=shared, suppress=suppress
@@ -43,12 +44,13 @@ def policy_micro_loss(
     agg = dict(
         global_token_count=global_token_count, num_sequences=num_sequences, max_response_length=max_response_length
     )
-    rollout_logp = mb.get(
-        "rollout_log_probs"
-    )  # the engine's own (vllm, hf with FIRE; None for hf otherwise) vs the trainer's
-    is_weights, loss_mask, rc_metrics = rollout_correction(
-        a.rollout_correction, old, rollout_logp, loss_mask, cap=a.rollout_is_cap, threshold=a.rollout_mask_threshold
-    )
+    if a.off_policy == "decoupled":
+        is_weights, loss_mask, rc_metrics = _decoupled(mb, old, loss_mask, a.behav_imp_weight_cap)
+    else:  # the engine's own log-probs (vllm, hf with FIRE; None for hf otherwise) vs the trainer's
+        rollout_logp = mb.get("rollout_log_probs")
+        is_weights, loss_mask, rc_metrics = rollout_correction(
+            a.rollout_correction, old, rollout_logp, loss_mask, cap=a.rollout_is_cap, threshold=a.rollout_mask_threshold
+        )
     loss, metrics = compute_policy_loss(
         a.policy_loss,
         logp,
@@ -77,6 +79,20 @@ def policy_micro_loss(
         if a.entropy_coef > 0:
             loss = loss - a.entropy_coef * ent
     return loss, metrics
+
+
+def _decoupled(
+    mb: dict[str, torch.Tensor], old: torch.Tensor, loss_mask: torch.Tensor, cap: float | None
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+    """Decoupled PPO's weights pi_prox / pi_behav (``vlrft.algorithms.rollout_correction.decoupled_weights``), loss
+    mask and metrics; ``old`` (the trainer's old log-probs, ``mb["old_log_probs"]``) is pi_prox, the clip's anchor."""
+    for key, what in (
+        ("rollout_log_probs", "the engine reported no log-probs of the sampled tokens (pi_behav)"),
+        ("old_log_probs", "the trainer computed no old log-probs (pi_prox)"),
+    ):
+        if key not in mb:
+            raise ValueError(f"algorithm.off_policy=decoupled: the micro-batch has no {key}: {what}")
+    return decoupled_weights(old, mb["rollout_log_probs"], loss_mask, cap=cap)
 
 
 def critic_micro_loss(
