@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Protocol
 
@@ -23,6 +24,28 @@ def vision_token_ids(tokenizer) -> list[int]:
     return [vocab[t] for t in VISION_TOKENS if t in vocab]
 
 
+KEY_LIMIT = 1 << 63  # sampling keys are non-negative int64 values (they become an int64 tensor)
+
+
+def _digest(*parts: object) -> int:
+    """A stable 63-bit hash of ``parts`` (BLAKE2b of their text, NUL-separated, first 8 bytes), the same in every
+    process and on every machine (Python's ``hash`` of a string is randomised per process)."""
+    data = b"\x00".join(str(p).encode() for p in parts)
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little") & (KEY_LIMIT - 1)
+
+
+def sampling_key(seed: int, step: int, prompt_id: str) -> int:
+    """The sampling key of a prompt at a step of a run seeded ``seed`` (``SamplingParams.keys``): a stable hash of
+    the three, so every rank that samples the prompt at that step draws the same tokens."""
+    return _digest("vlrft-sampling-key", int(seed), int(step), prompt_id)
+
+
+def subkey(key: int, *parts: object) -> int:
+    """A key derived from ``key`` for a later request of the same sample (``parts`` name it: a multi-turn
+    trajectory's turn, the continuation of a FIRE draw), so that it does not reuse the noise of ``key``."""
+    return _digest("vlrft-subkey", int(key), *parts)
+
+
 @dataclass
 class SamplingParams:
     """How to sample: ``temperature == 0`` means greedy.
@@ -35,7 +58,15 @@ class SamplingParams:
     the first assistant turn (``vlrft.rollout.trajectories``). ``None``: off. ``logprobs``: the engine reports the
     log-prob of each drawn token under the distribution it was drawn from (``Rollout.logprobs``: the first token's at
     ``first_token_temperature``), which engines that always do (vllm) report anyway, and every engine does where FIRE
-    samples (the hot token is drawn off the trained distribution: rollout correction needs its log-prob as drawn)."""
+    samples (the hot token is drawn off the trained distribution: rollout correction needs its log-prob as drawn).
+
+    ``keys``: keyed sampling, one non-negative 63-bit key per prompt of the ``generate`` call, in the prompts' order
+    (:func:`sampling_key` of the run's seed, the step and the prompt's id): the tokens drawn for a prompt then depend
+    only on its key, the model and the sampling settings, not on which rank samples it, which prompts share its call
+    or how they are padded (``vlrft.rollout.keyed``: a counter-based hash of the key, the sample, the decode position
+    and the token, then Gumbel-max, which draws exactly from the same distribution; the n samples of a prompt get
+    distinct streams). ``None``: the engine's global RNG, as without this field. Ignored where ``temperature == 0``
+    (greedy)."""
 
     n: int = 1
     temperature: float = 1.0
@@ -45,6 +76,7 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)  # stop strings (kept in the response)
     first_token_temperature: float | None = None  # FIRE: the first response token's temperature (None: off)
     logprobs: bool = False  # report the drawn tokens' log-probs (Rollout.logprobs)
+    keys: list[int] | None = None  # keyed sampling: one key per prompt of the call (None: the global RNG)
 
     def __post_init__(self):
         hot = self.first_token_temperature
@@ -53,6 +85,16 @@ class SamplingParams:
                 f"first_token_temperature={hot} with temperature={self.temperature}: FIRE samples, both must be > 0"
             )
         self.logprobs = self.logprobs or hot is not None
+        if self.keys is not None:
+            self.keys = [int(k) for k in self.keys]
+            bad = next((k for k in self.keys if not 0 <= k < KEY_LIMIT), None)
+            if bad is not None:
+                raise ValueError(f"keys: {bad} is not a sampling key: each must be an integer in [0, 2**63)")
+
+    def check_keys(self, prompts: int) -> None:
+        """Raise unless ``keys`` is None or holds one key per prompt of a ``generate`` call of ``prompts``."""
+        if self.keys is not None and len(self.keys) != prompts:
+            raise ValueError(f"keys: {len(self.keys)} sampling keys for {prompts} prompts: give one per prompt")
 
     def first_token_only(self) -> SamplingParams:
         """This sampling for one token: at ``first_token_temperature`` where FIRE is on (FIRE's hot draw)."""

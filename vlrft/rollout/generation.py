@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from data_pipelines.collate import EncodedPrompt, encode_prompt
@@ -19,10 +20,15 @@ def sample_rollouts(
     prompt_template: str | None,
     image_kwargs: dict[str, Any] | None = None,
     trajectories: TrajectoryRunner | None = None,
+    keys: list[int] | None = None,
 ) -> tuple[list[EncodedPrompt], list[Rollout]]:
     """The records encoded once each (their tools listed when ``trajectories`` runs them) and ``sampling.n`` rollouts
     per record from ``engine``, or trajectories through the runner (on that engine): how the trainer and the
-    evaluation both sample."""
+    evaluation both sample. ``keys``: keyed sampling, one key per record (``SamplingParams.keys``,
+    ``vlrft.rollout.base.sampling_key``); None: as ``sampling`` says."""
+    if keys is not None:
+        sampling = replace(sampling, keys=list(keys))
+        sampling.check_keys(len(records))
     prompts = [
         encode_prompt(
             processor,

@@ -12,9 +12,9 @@ the compiled decode of ``rollout.hf.compile``).
 Sharded models (FSDP2, ZeRO-3) generate through the root module in lockstep (``synced_gpus``) on the
 prompts repeated n times instead.
 
-FIRE sampling (``SamplingParams.first_token_temperature``) and the drawn tokens' log-probs are one logits processor
-(:class:`DrawnDistribution`), the same on every path: the module or its copy, prefill once or not, a static cache or
-not, lockstep or not.
+FIRE sampling (``SamplingParams.first_token_temperature``), keyed sampling (``SamplingParams.keys``) and the drawn
+tokens' log-probs are one logits processor (:class:`DrawnDistribution`), the same on every path: the module or its
+copy, prefill once or not, a static cache or not, lockstep or not.
 
 Which of these an engine does (a copy or the module, a static cache or not, lockstep or not) is decided in one
 place, the engine's builder (``vlrft.rollout.hf``), from ``rollout.hf`` and where the policy computes.
@@ -34,6 +34,7 @@ from data_pipelines.collate import EncodedPrompt, collate_prompts, tokenizer_of
 from vlrft.models.attention_functions import use_packed_attention
 from vlrft.models.prefix_decoding import repeat_cache, share_prompt_cache
 from vlrft.rollout.base import Rollout, SamplingParams, vision_token_ids
+from vlrft.rollout.keyed import gumbel_max, row_keys
 from vlrft.rollout.static_cache import StaticCaches
 
 # later transformers 5 releases renamed the KV cache from past_key_values to cache; the old name still works there but
@@ -165,6 +166,7 @@ class HFRolloutEngine:
         model.eval()
         device = next(model.parameters()).device
         rollouts: list[Rollout] = []
+        sampling.check_keys(len(prompts))
         try:
             for start in range(0, len(prompts), self.micro_batch_size):
                 chunk = prompts[start : start + self.micro_batch_size]
@@ -179,12 +181,16 @@ class HFRolloutEngine:
                     suppress_tokens=self.suppress or None,
                 )
                 drawn = None  # the drawn tokens' log-probs, where FIRE samples or they are asked for
-                if sampling.first_token_temperature is not None or sampling.logprobs:
-                    drawn = DrawnDistribution(width, sampling)
-                    # it tempers and filters the scores itself: generate adds no warper after it
+                keyed = sampling.keys is not None and sampling.temperature > 0
+                if sampling.first_token_temperature is not None or sampling.logprobs or keyed:
+                    # rows are prompt-major, n per prompt, on every path (_inputs): row r is prompt r // n
+                    keys = row_keys(sampling.keys[start : start + len(chunk)], sampling.n, device) if keyed else None
+                    drawn = DrawnDistribution(width, sampling, keys)
+                    # it tempers and filters the scores itself: generate adds no warper after it; keyed, it draws
+                    # the token itself and leaves generate one to pick (greedily: no global RNG is read)
                     kwargs.update(
-                        do_sample=sampling.temperature > 0,
-                        temperature=1.0,
+                        do_sample=sampling.temperature > 0 and not keyed,
+                        temperature=None if keyed else 1.0,
                         top_p=None,
                         top_k=None,
                         logits_processor=LogitsProcessorList([drawn]),
@@ -204,7 +210,7 @@ class HFRolloutEngine:
                     inputs = self._inputs(batch, sampling.n, device, sampling.max_new_tokens)
                     out = model.generate(**inputs, **kwargs)
                 new = out[:, width:].cpu()
-                logps = drawn.logprobs(out) if drawn is not None else None
+                logps = drawn.logprobs(out) if drawn is not None and sampling.logprobs else None
                 for row in range(new.shape[0]):
                     lp = logps[row] if logps is not None else None
                     rollouts.append(self._finish(start + row // sampling.n, new[row], sampling, lp))
@@ -248,10 +254,18 @@ class DrawnDistribution(LogitsProcessor):
     log-prob of the token drawn (generate appends it to ``input_ids``) and :meth:`logprobs` the last one's.
     ``generate`` is then given temperature 1 and no top-k / top-p, so that it adds no warper after this one (it places
     a caller's processors after its own, which suppress the vision tokens, and before its warpers). Greedy
-    (``temperature == 0``): the argmax of the raw scores, its log-probs at temperature 1 (the trainer's for greedy)."""
+    (``temperature == 0``): the argmax of the raw scores, its log-probs at temperature 1 (the trainer's for greedy).
 
-    def __init__(self, width: int, sampling: SamplingParams):
-        """``width``: the prompts' (left-padded) width, where the response starts in ``input_ids``."""
+    Keyed (``keys``: the rows' keys, ``vlrft.rollout.keyed.row_keys``): it draws each row's token itself from those
+    log-probs by Gumbel-max with the row's keyed noise at the decode position (response tokens so far), and returns
+    scores that are -inf but on that token, which ``generate`` (greedy) then picks."""
+
+    def __init__(self, width: int, sampling: SamplingParams, keys: torch.Tensor | None = None):
+        """``width``: the prompts' (left-padded) width, where the response starts in ``input_ids``; ``keys``: ``[B]``
+        int64 row keys (keyed sampling, ``temperature > 0`` only), None: ``generate`` draws."""
+        if keys is not None and sampling.temperature == 0:
+            raise ValueError("keyed sampling draws at temperature > 0 only (greedy needs no keys)")
+        self.keys = keys
         rest = sampling.temperature if sampling.temperature > 0 else 1.0
         self.width, self.rest = width, rest
         self.first = sampling.first_token_temperature or rest
@@ -269,7 +283,12 @@ class DrawnDistribution(LogitsProcessor):
         for warper in self.warpers:
             scores = warper(input_ids, scores)
         self._last = torch.log_softmax(scores.float(), dim=-1)
-        return scores
+        if self.keys is None:
+            return scores
+        if self.keys.shape[0] != scores.shape[0]:
+            raise RuntimeError(f"hf engine: {self.keys.shape[0]} sampling keys for {scores.shape[0]} rows")
+        token = gumbel_max(self._last, self.keys.to(scores.device), input_ids.shape[1] - self.width)
+        return torch.full_like(scores, -torch.inf).scatter_(-1, token[:, None], 0.0)
 
     def logprobs(self, sequences: torch.Tensor) -> torch.Tensor:
         """``[B, steps]`` float32 log-probs of the tokens drawn into ``sequences`` (``generate``'s output), on the CPU;

@@ -1,7 +1,9 @@
 """Multi-turn rollouts with tools, on any rollout engine, a whole batch turn by turn.
 
 Turn 1 is the engine's ordinary ``generate`` (n samples per prompt: the prompt and its images once per group); with
-FIRE (``SamplingParams.first_token_temperature``) its first token is the only one drawn hot.
+FIRE (``SamplingParams.first_token_temperature``) its first token is the only one drawn hot. Keyed sampling
+(``SamplingParams.keys``, one key per prompt): each later turn of sample j of a prompt is keyed by a key derived from
+the prompt's, j and the turn (``base.subkey``), so a trajectory's tokens do not depend on which others share its turns.
 Each sampled turn is read for tool calls (``vlrft.tools.parse_tool_calls``); a turn without a call is the answer
 and ends its trajectory. Otherwise the calls run (``vlrft.tools.ToolBox``: time limits, errors as observations),
 their results become the template's tool turn (``data_pipelines.turns.encode_observation``: text and image parts,
@@ -30,7 +32,7 @@ from PIL import Image
 
 from data_pipelines.collate import EncodedPrompt, tokenizer_of
 from data_pipelines.turns import concat, encode_observation
-from vlrft.rollout.base import Rollout, SamplingParams, Trajectory
+from vlrft.rollout.base import Rollout, SamplingParams, Trajectory, subkey
 from vlrft.tools.base import CallError, ToolCall, ToolResult, parse_tool_calls, tool_message
 from vlrft.tools.box import ToolBox, ToolsConfig
 from vlrft.tools.builtin import ImageView, view_of
@@ -105,6 +107,9 @@ class TrajectoryRunner:
             # FIRE heats the trajectory's first token only, the response's first as in a single turn; later turns
             # still report their tokens' log-probs where turn 1 did
             step = dataclasses.replace(sampling.after_first_token(), n=1, max_new_tokens=min(limit, max(left)))
+            if sampling.keys is not None:  # each trajectory (sample j of its prompt) keyed afresh for each turn
+                keys = [subkey(sampling.keys[trajs[i].prompt_index], "turn", i % sampling.n, turn) for i in active]
+                step = dataclasses.replace(step, keys=keys)
             rollouts = self.engine.generate([concat([trajs[i].prompt, *trajs[i].parts]) for i in active], step)
             rollouts = [self._within(x, room, limit) for x, room in zip(rollouts, left)]
         return [self._rollout(t) for t in trajs]

@@ -8,7 +8,9 @@ resized) images in ``multi_modal_data``: each run of image placeholders is colla
 expands again. ``n`` samples per prompt are one request. The sampled tokens' log-probs come back after
 temperature, top-k and top-p (``logprobs_mode="processed_logprobs"``), for rollout correction. FIRE sampling
 (``SamplingParams.first_token_temperature``: vLLM has one temperature per request) is two requests, the first token
-hot, then the rest from the prompt and that token (:meth:`VLLMRolloutEngine._fire`).
+hot, then the rest from the prompt and that token (:meth:`VLLMRolloutEngine._fire`). Keyed sampling
+(``SamplingParams.keys``) is vLLM's per-request seed, the prompt's key (untested here: vLLM is absent where the tests
+run).
 
 Sleep/wake: on GPUs the engine is created with ``enable_sleep_mode`` and frees its weights and KV cache
 (``rollout.vllm.sleep_level``) while the policy trains; vLLM's CPU backend refuses sleep mode, so there
@@ -29,13 +31,14 @@ import torch
 from data_pipelines.collate import EncodedPrompt, tokenizer_of
 from vlrft.config import ConfigError, option
 from vlrft.models.processing import IMAGE_ONLY_PROCESSORS, torchvision_available
-from vlrft.rollout.base import Rollout, SamplingParams, vision_token_ids
+from vlrft.rollout.base import Rollout, SamplingParams, subkey, vision_token_ids
 from vlrft.rollout.registry import register_engine
 
 log = logging.getLogger(__name__)
 
 # a response must never contain these (the next forward would expect image features for them)
 IMAGE_PAD = "<|image_pad|>"
+SEED_MASK = (1 << 62) - 1  # a keyed request's seed: its key's low 62 bits, so that vLLM's seed + sample index fits
 
 
 @dataclass
@@ -212,14 +215,25 @@ class VLLMRolloutEngine:
     def generate(self, prompts: list[EncodedPrompt], sampling: SamplingParams) -> list[Rollout]:
         if self.asleep:
             self.wake()
+        sampling.check_keys(len(prompts))
         requests = [self._request(p) for p in prompts]
         if sampling.first_token_temperature is not None:
             return self._fire(requests, sampling)
-        outputs = self.llm.generate(requests, self._params(sampling), use_tqdm=False)
+        outputs = self.llm.generate(requests, self._per_request(sampling, sampling.keys), use_tqdm=False)
         return [self._rollout(index, sample) for index, out in enumerate(outputs) for sample in out.outputs]
 
-    def _params(self, sampling: SamplingParams):
+    def _per_request(self, sampling: SamplingParams, keys: list[int] | None):
+        """vLLM's sampling parameters: one for every request, or with ``keys`` one per request seeded by its key
+        (vLLM draws a seeded request from a generator of its own, and sample ``j`` of ``n`` at seed + j): keyed
+        sampling as vLLM does it, which is not the hf engine's noise (``vlrft.rollout.keyed``), so the two engines
+        draw different tokens for one key."""
+        if keys is None or sampling.temperature == 0:
+            return self._params(sampling)
+        return [self._params(sampling, seed=key & SEED_MASK) for key in keys]
+
+    def _params(self, sampling: SamplingParams, seed: int | None = None):
         return self._vllm.SamplingParams(
+            seed=seed,
             n=sampling.n,
             temperature=sampling.temperature,
             top_p=sampling.top_p,
@@ -239,7 +253,8 @@ class VLLMRolloutEngine:
         continued from its prompt and that token at ``temperature`` (one request each, n=1). The prefix cache holds
         the prompt's blocks from the first request, so the second prefills little more than the new token. Each
         token's log-prob is vLLM's at the temperature it was drawn at."""
-        hot = self.llm.generate(requests, self._params(sampling.first_token_only()), use_tqdm=False)
+        keys = sampling.keys
+        hot = self.llm.generate(requests, self._per_request(sampling.first_token_only(), keys), use_tqdm=False)
         firsts = [self._rollout(index, sample) for index, out in enumerate(hot) for sample in out.outputs]
         rest = dataclasses.replace(sampling.after_first_token(), n=1, max_new_tokens=sampling.max_new_tokens - 1)
         going = [k for k, x in enumerate(firsts) if x.finish_reason == "length" and rest.max_new_tokens > 0]
@@ -247,7 +262,9 @@ class VLLMRolloutEngine:
             {**requests[firsts[k].prompt_index], "prompt_token_ids": self._continued(requests, firsts[k])}
             for k in going
         ]
-        outputs = self.llm.generate(more, self._params(rest), use_tqdm=False) if more else []
+        if keys is not None:  # sample k is sample k % n of its prompt: its continuation keyed apart from the hot draw
+            keys = [subkey(keys[firsts[k].prompt_index], "fire-rest", k % sampling.n) for k in going]
+        outputs = self.llm.generate(more, self._per_request(rest, keys), use_tqdm=False) if more else []
         for k, out in zip(going, outputs):
             firsts[k] = self._joined(firsts[k], self._rollout(firsts[k].prompt_index, out.outputs[0]), sampling.stop)
         return firsts
