@@ -58,14 +58,16 @@ MODULE_RANKS = {
         **dict.fromkeys(("packing", "loading", "tiny"), 3),
     },
     "vlrft.strategies": {
-        **dict.fromkeys(("registry", "process", "rng", "numerics", "blocks", "export", "weight_stream"), 0),
+        **dict.fromkeys(
+            ("registry", "process", "rng", "numerics", "blocks", "export", "weight_stream", "placement"), 0
+        ),
         "config": 1,
         **dict.fromkeys(("optim", "adapt"), 2),
         "base": 3,
         **dict.fromkeys(("single", "fsdp2", "deepspeed"), 4),
     },
     "vlrft.rollout": {
-        **dict.fromkeys(("base", "registry", "static_cache"), 0),
+        **dict.fromkeys(("base", "registry", "static_cache", "keyed", "async_config"), 0),
         **dict.fromkeys(("trajectories", "hf_engine"), 1),
         **dict.fromkeys(("generation", "inference_copy", "vllm_engine"), 2),
         "hf": 3,

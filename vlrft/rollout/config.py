@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from vlrft.config import option
+from vlrft.rollout.async_config import AsyncRolloutConfig
 from vlrft.rollout.base import SamplingParams
 from vlrft.rollout.hf import HFEngineConfig
 from vlrft.rollout.registry import DEFAULT_ENGINE, ENGINES
@@ -26,6 +27,15 @@ class RolloutConfig:
         DEFAULT_ENGINE,
         f"rollout engine ({'; '.join(f'{name}: {entry.help}' for name, entry in sorted(ENGINES.items()))})",
         choices=ENGINES,
+    )
+    mode: str = option(
+        "colocated",
+        "colocated: every rank samples, scores and trains in turn; async: rollout.asynchronous.rollout_ranks of the "
+        "torchrun world sample and score while the others train (docs/async.md)",
+        choices=("colocated", "async"),
+    )
+    asynchronous: AsyncRolloutConfig = option(
+        AsyncRolloutConfig(), "rollout.mode=async: the rollout ranks and the staleness bound"
     )
     vllm: VLLMConfig = option(VLLMConfig(), "the vLLM engine (rollout.engine=vllm)")
     hf: HFEngineConfig = option(HFEngineConfig(), "the hf engine (rollout.engine=hf)")
@@ -43,6 +53,12 @@ class RolloutConfig:
         "train.eval_temperature); the engine reports each token's log-prob at the temperature it was drawn at, for "
         "rollout correction (docs/train-policy.md); null: off",
         gt=0,
+    )
+    keyed_sampling: Optional[bool] = option(
+        None,
+        "sample with a counter-based RNG keyed by train.seed, the step and the prompt id, so that the tokens do not "
+        "depend on which rank or which generate call samples a prompt (rollout.mode=async needs it; null: on under "
+        "rollout.mode=async, off otherwise: today's global RNG)",
     )
     top_p: float = option(1.0, "nucleus sampling threshold", gt=0, le=1)
     top_k: int = option(0, "top-k filtering (0: off)", ge=0)

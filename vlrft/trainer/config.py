@@ -9,6 +9,7 @@ Every field's help text is printed by ``vlrft train-policy --help``.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from typing import Optional
 
 from reward_models.pool import RewardPoolConfig
 from reward_models.sources import VerifierSourceConfig
@@ -20,7 +21,7 @@ from vlrft.algorithms import (
     STD_NORMALIZATIONS,
     AdvantageEstimator,
 )
-from vlrft.algorithms.rollout_correction import ROLLOUT_CORRECTIONS
+from vlrft.algorithms.rollout_correction import OFF_POLICY_CORRECTIONS, ROLLOUT_CORRECTIONS
 from vlrft.config import ConfigError, option
 from vlrft.micro_batching import micro_batch_tokens_option
 from vlrft.models.loading import ModelConfig
@@ -124,6 +125,21 @@ class AlgorithmConfig:
     rollout_mask_threshold: float = option(
         2.0, "sequence_mask: keep a sequence if its geometric-mean ratio lies in [1/threshold, threshold]"
     )
+    off_policy: str = option(
+        "none",
+        "off-policy correction for asynchronous RL (rollout.mode=async: tokens sampled by older policy versions): "
+        "none, or decoupled (AReaL's decoupled PPO, Fu et al. 2025, arXiv 2505.24298: the per-token loss weighted by "
+        "pi_prox / pi_behav, clipped around the proximal policy pi_prox = the trainer's old log-probs); needs the "
+        "engine's log-probs of the sampled tokens (pi_behav; the trainer asks the engine for them); replaces "
+        "rollout_correction (docs/algorithms.md)",
+        choices=OFF_POLICY_CORRECTIONS,
+    )
+    behav_imp_weight_cap: Optional[float] = option(
+        None,
+        "off_policy decoupled: leave out of the loss each token whose pi_prox / pi_behav exceeds this cap (AReaL's "
+        "behav_imp_weight_cap; AReaL recommends 5); the token still counts in the loss's denominator; null: no cap",
+        gt=1,
+    )
 
     @property
     def estimator(self) -> AdvantageEstimator:
@@ -151,6 +167,7 @@ class AlgorithmConfig:
                 "option; add the option to AlgorithmConfig"
             )
         self._check_sapo()
+        self._check_off_policy()
 
     def _check_sapo(self) -> None:
         """SAPO has a gate and no clip range; its temperatures are read by it alone: neither is set in vain."""
@@ -161,6 +178,20 @@ class AlgorithmConfig:
         for key in keys:
             if getattr(self, key) != defaults[key]:
                 raise ConfigError(f"algorithm.{key}={getattr(self, key)}: {why}; leave it unset")
+
+    def _check_off_policy(self) -> None:
+        """Decoupled PPO's weight pi_prox / pi_behav is itself the correction for the engine's log-probs, so it does
+        not stack with rollout correction; its cap is read by it alone."""
+        if self.behav_imp_weight_cap is not None and self.off_policy != "decoupled":
+            raise ConfigError(
+                f"algorithm.behav_imp_weight_cap={self.behav_imp_weight_cap}: read by off_policy decoupled only, "
+                f"not {self.off_policy}; leave it unset"
+            )
+        if self.off_policy == "decoupled" and self.rollout_correction != "none":
+            raise ConfigError(
+                f"algorithm.rollout_correction={self.rollout_correction}: not with algorithm.off_policy=decoupled, "
+                "which already weights each token by pi_prox / pi_behav (what rollout correction does); set it to none"
+            )
 
 
 @dataclass
@@ -240,6 +271,27 @@ class PolicyTrainConfig:
     )
     logging: LoggingConfig = option(LoggingConfig(wandb_project="vlrft-policy"), "TensorBoard, wandb, progress bar")
 
+    def _check_async(self) -> None:
+        """What ``rollout.mode=async`` cannot do (yet), each refused in one line."""
+        r = self.rollout
+        if r.mode != "async":
+            return
+        if self.algorithm.dynamic_sampling:
+            raise ConfigError(
+                "algorithm.dynamic_sampling=true: not with rollout.mode=async (the rollout ranks sample each step's "
+                "prompts once; redrawing would need the trainers' verdict first); use rollout.mode=colocated"
+            )
+        if r.keyed_sampling is False:
+            raise ConfigError(
+                "rollout.keyed_sampling=false: rollout.mode=async samples with keyed sampling (the tokens must not "
+                "depend on which rank samples a prompt); leave it unset"
+            )
+        if self.train.on_collapse == "rollback":
+            raise ConfigError(
+                "train.on_collapse=rollback: not with rollout.mode=async (the rollout ranks have sampled past the "
+                "checkpoint); use stop or warn"
+            )
+
     def validate(self) -> None:
         r, t = self.rollout, self.train
         if self.algorithm.estimator.teacher and not self.teacher.enabled:
@@ -281,5 +333,6 @@ class PolicyTrainConfig:
                 f"algorithm.rollout_is_cap must be > 0 (got {self.algorithm.rollout_is_cap}) and "
                 f"algorithm.rollout_mask_threshold > 1 (got {self.algorithm.rollout_mask_threshold})"
             )
+        self._check_async()
         if self.algorithm.dual_clip and self.algorithm.dual_clip <= 1:
             raise ValueError(f"algorithm.dual_clip must be > 1 (or 0 for off), got {self.algorithm.dual_clip}")

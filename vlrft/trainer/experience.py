@@ -8,6 +8,7 @@ so a long prompt costs no vocabulary-sized activations.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,7 +29,8 @@ from vlrft.models.packing import (
     shared_prompt_values,
 )
 from vlrft.rollout import Rollout
-from vlrft.rollout.trajectories import turn_log
+from vlrft.rollout.generation import sample_rollouts
+from vlrft.rollout.trajectories import tool_summary, turn_log
 from vlrft.tracking import image_refs
 
 SAMPLE_TEXT_CHARS = 4000  # a record's prompt or answer as samples.jsonl keeps it
@@ -51,6 +53,7 @@ class ScoredGroup:
     rollouts: list[Rollout]  # its n samples (their ``prompt_index`` refers to the generate call)
     rewards: torch.Tensor  # [n] combined reward
     per_source: dict[str, torch.Tensor]  # source name -> [n]
+    version: int | None = None  # the policy version that sampled it (rollout.mode=async; None: the current one)
 
     def varied(self) -> bool:
         """Not all rewards equal (DAPO's filter): the group carries a learning signal under a group baseline."""
@@ -362,6 +365,40 @@ def response_tensors(
         given = action_masks[i] if action_masks is not None else None
         mask[i, : x.numel()] = given if given is not None else 1
     return ids, mask
+
+
+def draw_groups(
+    engine: Any,
+    processor: Any,
+    records: list[PromptRecord],
+    sampling: Any,
+    cfg: Any,
+    pool: Any,
+    trajectories: Any,
+    metrics: dict[str, float],
+    keys: list[int] | None = None,
+) -> list[ScoredGroup]:
+    """``records`` sampled by ``engine`` (``keys``: keyed sampling, one per record) and scored by ``pool``, as groups:
+    what a colocated trainer and an async rollout rank (``vlrft.trainer.async_rl``) both do. ``cfg``: the policy
+    config (its ``data`` and ``tools`` sections); the tools' and the pool's figures are added to ``metrics``."""
+    data = cfg.data
+    prompts, rollouts = sample_rollouts(
+        engine,
+        processor,
+        records,
+        sampling,
+        system_prompt=data.system_prompt or None,
+        prompt_template=data.prompt_template,
+        trajectories=trajectories,
+        keys=keys,
+    )
+    if trajectories is not None:
+        metrics.update(tool_summary([{**turn_log(x.trajectory), "finish_reason": x.finish_reason} for x in rollouts]))
+    t0 = time.perf_counter()
+    combined, per_source, pool_metrics = score_rollouts(pool, records, rollouts, cfg.tools)
+    metrics["time/reward"] = metrics.get("time/reward", 0.0) + time.perf_counter() - t0
+    metrics.update({(k if k.startswith("time/") else f"reward_pool/{k}"): v for k, v in pool_metrics.items()})
+    return group_rollouts(records, prompts, rollouts, combined, per_source)
 
 
 def score_rollouts(

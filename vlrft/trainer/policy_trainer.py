@@ -6,6 +6,7 @@ checkpoints, metrics and export around the steps).
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -32,14 +33,15 @@ from vlrft.micro_batching import sequence_micro_batches
 from vlrft.models.packing import shared_forward_applies
 from vlrft.nonfinite import NonFiniteGuard
 from vlrft.rollout import SamplingParams, make_engine, stack_rollout_logprobs
-from vlrft.rollout.base import vision_token_ids
-from vlrft.rollout.generation import sample_rollouts
-from vlrft.rollout.trajectories import TrajectoryRunner, tool_summary, turn_log
+from vlrft.rollout.base import sampling_key, vision_token_ids
+from vlrft.rollout.trajectories import TrajectoryRunner
 from vlrft.sampling import PromptStream
 from vlrft.strategies import Strategy
 from vlrft.strategies.numerics import mean_over_ranks
+from vlrft.strategies.placement import Placement
 from vlrft.tools import ToolBox
 from vlrft.tracking import append_jsonl
+from vlrft.trainer.async_rl import AsyncRollouts
 from vlrft.trainer.canary import RewardCanary
 from vlrft.trainer.collapse import CollapseMonitor
 from vlrft.trainer.config import PolicyTrainConfig
@@ -47,13 +49,12 @@ from vlrft.trainer.experience import (
     Experience,
     ScoredGroup,
     advantage_metrics,
+    draw_groups,
     global_advantages,
-    group_rollouts,
     infer_response_logprobs,
     infer_response_values,
     response_tensors,
     rollout_metrics,
-    score_rollouts,
 )
 from vlrft.trainer.heldout import HeldoutContext
 from vlrft.trainer.micro_losses import critic_micro_loss, policy_micro_loss
@@ -66,6 +67,7 @@ class PolicyTrainer(Trainer):
     # the console line of a step (everything goes to metrics.jsonl, TensorBoard and wandb)
     console_keys = ("reward/", "accuracy", "frac_reward_zero_std", "entropy", "kl", "response_length/mean")
     console_keys += ("train/grad_norm", "critic/loss", "time/step", "eval/accuracy", "eval/pass@", "distill/reverse_kl")
+    console_keys += ("async/staleness_mean",)
 
     def __init__(
         self,
@@ -86,13 +88,17 @@ class PolicyTrainer(Trainer):
         guard: NonFiniteGuard | None = None,
         log: Callable[[str], None] = print,
         tools: ToolBox | None = None,
+        placement: Placement | None = None,
+        model_path: str = "",
     ):
         """``accuracy``: (reward source, its verifier) whose score > 0.5 counts as a correct response.
         ``critic``: (value model, its own strategy) for PPO with GAE; its optimizer is built here.
         ``total_steps`` (the run's, ``vlrft.loop.Run.total_steps``; default ``train.max_steps``) sets the
         learning-rate schedule; ``guard`` is the run's non-finite guard; ``log`` prints a console line; ``tools``: the
         run's tools (multi-turn rollouts, ``vlrft.rollout.trajectories``); ``teacher``: on-policy distillation's
-        (``vlrft.trainer.teacher``)."""
+        (``vlrft.trainer.teacher``); ``placement``: ``rollout.mode=async``'s (``vlrft.strategies.placement``): the
+        rollout ranks sample and score (``vlrft.trainer.async_rl``), this rank trains; ``model_path``: the folder the
+        policy was loaded from (what the rollout ranks load)."""
         self.cfg, self.strategy, self.processor = cfg, strategy, processor
         self.tokenizer = tokenizer_of(processor)
         self.pad_id = self.tokenizer.pad_token_id
@@ -141,6 +147,10 @@ class PolicyTrainer(Trainer):
         # the vision placeholders no engine samples: log-probs are those of the sampling distribution
         self.suppress = torch.tensor(vision_token_ids(self.tokenizer), dtype=torch.long)
         self.shared = cfg.train.shared_prompt_forward  # each prompt once per group (models/packing.py)
+        # keyed sampling: the tokens of a prompt do not depend on the rank or the call that samples it
+        self.keyed = r.keyed_sampling if r.keyed_sampling is not None else r.mode == "async"
+        self.async_rollouts = AsyncRollouts(placement, cfg, strategy) if placement is not None else None
+        self.model_path = model_path
 
     # ----------------------------------------------------------------------------- data order
     def _updates_per_step(self) -> int:
@@ -159,25 +169,10 @@ class PolicyTrainer(Trainer):
     def _draw(self, per_rank: int, sampling: SamplingParams, metrics: dict[str, float]) -> list[ScoredGroup]:
         """The next ``per_rank`` prompts of this rank, encoded once, sampled by the engine and scored."""
         records = self._next_prompts(per_rank * self.strategy.world_size)
-        data = self.cfg.data
-        prompts, rollouts = sample_rollouts(
-            self.engine,
-            self.processor,
-            records,
-            sampling,
-            system_prompt=data.system_prompt or None,
-            prompt_template=data.prompt_template,
-            trajectories=self.trajectories,
+        keys = [sampling_key(self.cfg.train.seed, self.steps_done, r.id) for r in records] if self.keyed else None
+        return draw_groups(
+            self.engine, self.processor, records, sampling, self.cfg, self.reward_pool, self.trajectories, metrics, keys
         )
-        if self.trajectories is not None:
-            metrics.update(
-                tool_summary([{**turn_log(x.trajectory), "finish_reason": x.finish_reason} for x in rollouts])
-            )
-        t0 = time.perf_counter()
-        combined, per_source, pool_metrics = score_rollouts(self.reward_pool, records, rollouts, self.cfg.tools)
-        metrics["time/reward"] = metrics.get("time/reward", 0.0) + time.perf_counter() - t0
-        metrics.update({(k if k.startswith("time/") else f"reward_pool/{k}"): v for k, v in pool_metrics.items()})
-        return group_rollouts(records, prompts, rollouts, combined, per_source)
 
     def make_experience(self, metrics: dict[str, float]) -> Experience:
         """One rollout batch of this rank: ``rollout_batch_size / world_size`` scored groups. With DAPO's
@@ -186,8 +181,14 @@ class PolicyTrainer(Trainer):
         batch is full or ``max_sampling_tries`` rounds ran; then it trains on what was kept, or, if a
         rank kept nothing, on its last round unfiltered (zero advantages: the schedule stays in step)."""
         a, r, s = self.cfg.algorithm, self.cfg.rollout, self.strategy
-        sampling = r.sampling()
         per_rank = r.rollout_batch_size // s.world_size
+        if self.async_rollouts is not None:  # the rollout ranks sampled and scored this step's groups
+            records = self._next_prompts(per_rank * s.world_size)
+            t0 = time.perf_counter()
+            groups = self.async_rollouts.receive(self.steps_done, [x.id for x in records], metrics)
+            metrics["time/rollout"] = time.perf_counter() - t0
+            return self.experience_from(groups, metrics)
+        sampling = self.sampling()
         groups: list[ScoredGroup] = []
         t0, tries, need = time.perf_counter(), 0, per_rank
         metrics["time/reward"] = 0.0
@@ -212,6 +213,12 @@ class PolicyTrainer(Trainer):
         metrics["time/rollout"] = time.perf_counter() - t0 - metrics["time/reward"]
         return self.experience_from(groups, metrics)
 
+    def sampling(self) -> SamplingParams:
+        """How the policy samples its groups; the engine reports the drawn tokens' log-probs where the decoupled
+        objective weighs by them (``algorithm.off_policy``)."""
+        sampling = self.cfg.rollout.sampling()
+        return replace(sampling, logprobs=True) if self.cfg.algorithm.off_policy == "decoupled" else sampling
+
     def experience_from(self, groups: list[ScoredGroup], metrics: dict[str, float]) -> Experience:
         """Log-probs, shaping and advantages for this rank's scored groups (a group's position is its id)."""
         a, r = self.cfg.algorithm, self.cfg.rollout
@@ -225,7 +232,11 @@ class PolicyTrainer(Trainer):
         response_ids, response_mask = response_tensors([x.response_ids for x in rollouts], self.pad_id, actions)
 
         t0 = time.perf_counter()
-        on_policy_single_pass = self._updates_per_step() == 1
+        # one on-policy pass: the old log-probs are the current policy's own, detached; groups an older version sampled
+        # (rollout.mode=async) and the decoupled objective's proximal policy need them computed
+        current = all(g.version in (None, self.steps_done) for g in groups)
+        decoupled = a.off_policy == "decoupled"
+        on_policy_single_pass = self._updates_per_step() == 1 and current and not decoupled
         old_logp = None if on_policy_single_pass else self._logprobs(self.model, batch, response_ids)
         metrics["time/old_logprobs"] = time.perf_counter() - t0
         t0 = time.perf_counter()
@@ -400,6 +411,9 @@ class PolicyTrainer(Trainer):
         self.steps_done = step
         metrics: dict[str, float] = {}
         self._step_prompt_ids = []
+        if self.async_rollouts is not None and not self.async_rollouts.started:
+            self.async_rollouts.start(self.model_path, step, self.prompts.cursor, self.total_steps)
+        started = time.perf_counter()
         with self.guard.sampling(step + 1):
             exp = self.make_experience(metrics)
         self.engine.sleep()  # the update gets the memory the engine held
@@ -409,6 +423,10 @@ class PolicyTrainer(Trainer):
         self._sync_engine()
         metrics["time/weight_sync"] = time.perf_counter() - t0
         self.steps_done = step + 1
+        if self.async_rollouts is not None:  # version step + 1 to the rollout ranks
+            metrics["time/weight_publish"] = self.async_rollouts.publish(self.steps_done)
+            waited = metrics["time/rollout"] + metrics["time/weight_publish"]
+            metrics["async/trainer_idle_share"] = waited / max(time.perf_counter() - started, 1e-9)
         self._log_step(exp)
         metrics.update(self.canary.step(self.steps_done))  # nothing unless train.probe_every says so
         return mean_over_ranks(self.strategy, metrics)  # a figure undefined on a rank's share is left out
@@ -449,6 +467,11 @@ class PolicyTrainer(Trainer):
         self.collapse.load_state_dict(state.get("collapse"))
         self.canary.load_state_dict(state.get("canary"))
         self._sync_engine()  # an engine with its own weights still holds the initial ones
+
+    def close(self) -> None:
+        """End what the trainer started beside itself: the rollout ranks of ``rollout.mode=async``."""
+        if self.async_rollouts is not None:
+            self.async_rollouts.stop()
 
     def extra_strategies(self) -> dict[str, Any]:
         return {"critic_checkpoints": self.critic_strategy} if self.critic is not None else {}

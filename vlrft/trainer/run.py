@@ -19,9 +19,14 @@ from reward_models.scalar import HEAD_CONFIG, ScalarRewardModel
 from vlrft.config import ConfigError
 from vlrft.loop import Run, training_run
 from vlrft.models.loading import load_model
+from vlrft.rollout import make_engine
+from vlrft.rollout.trajectories import TrajectoryRunner
 from vlrft.strategies import make_strategy
+from vlrft.strategies.placement import Placement, place
 from vlrft.tools import ToolBox
+from vlrft.trainer.async_rl import RolloutWorker, async_sampling, stream_layout
 from vlrft.trainer.config import PolicyTrainConfig
+from vlrft.trainer.experience import draw_groups
 from vlrft.trainer.heldout import heldout_eval
 from vlrft.trainer.policy_trainer import PolicyTrainer
 from vlrft.trainer.preflight import model_key, preflight_policy, record_check
@@ -75,14 +80,72 @@ def load_prompt_records(
     return [judgment_as_prompt(r) for r in records] if judgments else records
 
 
+def usable_prompts(
+    cfg: PolicyTrainConfig, source: str, size: int, seed: int, processor: Any, tools: Any, unique_ids: bool = False
+) -> list[PromptRecord]:
+    """:func:`load_prompt_records` less the prompts longer than ``data.max_prompt_length`` (counted)."""
+    records = load_prompt_records(source, cfg, size, seed, processor, unique_ids)
+    return filter_by_prompt_length(
+        records,
+        processor,
+        cfg.data.max_prompt_length,
+        cfg.data.on_bad_record,
+        system_prompt=cfg.data.system_prompt or None,
+        prompt_template=cfg.data.prompt_template,
+        tools=tools.schemas if tools is not None else None,
+    )
+
+
+def training_prompts(cfg: PolicyTrainConfig, processor: Any, tools: Any) -> list[PromptRecord]:
+    """The training prompts, the same on every rank (trainers and async rollout ranks)."""
+    return usable_prompts(cfg, cfg.data.train_source, cfg.data.synthetic_train_size, cfg.train.seed, processor, tools)
+
+
 def train_policy(cfg: PolicyTrainConfig) -> dict[str, Any]:
-    """Run ``vlrft train-policy`` with a resolved config; returns the summary (also in summary.json)."""
-
+    """Run ``vlrft train-policy`` with a resolved config; returns the summary (also in summary.json). With
+    ``rollout.mode=async`` this process is a trainer or a rollout rank (``vlrft.strategies.placement``); a rollout
+    rank serves the trainers (:func:`vlrft.trainer.async_rl.serve_rollouts`) and returns an empty summary."""
+    placement = None
+    if cfg.rollout.mode == "async":
+        placement = place(cfg.rollout.asynchronous.rollout_ranks, cfg.strategy.timeout_s)
+        if placement.is_rollout:
+            return serve_rollouts(cfg, placement)
     with training_run(cfg, "train-policy", preflight_policy) as run:
-        return _train_policy(cfg, run)
+        return _train_policy(cfg, run, placement)
 
 
-def _train_policy(cfg: PolicyTrainConfig, run: Run) -> dict[str, Any]:
+def serve_rollouts(cfg: PolicyTrainConfig, placement: Placement) -> dict[str, Any]:
+    """A rollout rank of ``rollout.mode=async`` (``vlrft.trainer.async_rl``): wait for the trainers' start, load the
+    model they name (its weights then come with every version), build the engine, the reward pool and the tools as a
+    colocated run does, and sample and score each step's share of prompts until the trainers stop it. Returns an
+    empty summary: the trainers own the run folder and its outputs."""
+    first = placement.trainer_ranks[0]
+    hello = placement.recv_object(first, "the start of the run")
+    strategy = make_strategy(replace(cfg.strategy, name="single"), cfg.optim)  # one process: the policy's kernels
+    model, processor = load_model(hello["model_path"], cfg.model.dtype)
+    model = strategy.prepare(model, trainable=False)[0]
+    for work, _ in placement.send_object(stream_layout(model), first):
+        placement._wait(work, first, "the weight layout")
+    tools = ToolBox(cfg.tools, processor_image_kwargs(processor)) if cfg.tools.enabled else None
+    pool = RewardPool(cfg.reward, device=strategy.device, prepare_model=strategy.compute_like_policy)
+    engine = make_engine(cfg.rollout, model, processor, synced=False, distributed=False, device=strategy.device)
+    trajectories = TrajectoryRunner(engine, processor, tools, cfg.tools) if tools is not None else None
+    records = training_prompts(cfg, processor, tools)
+    sampling = async_sampling(cfg.rollout.sampling())
+
+    def draw(share: list[PromptRecord], keys: list[int], step: int, metrics: dict[str, float]):
+        return draw_groups(engine, processor, share, sampling, cfg, pool, trajectories, metrics, keys)
+
+    try:
+        RolloutWorker(placement, cfg, model, draw, records, hello).run()
+    finally:
+        pool.close()
+        if tools is not None:
+            tools.close()
+    return {}
+
+
+def _train_policy(cfg: PolicyTrainConfig, run: Run, placement: Placement | None = None) -> dict[str, Any]:
     strategy = run.strategy
     path = run.initial_model(tool_tokens=cfg.tools.enabled)
     model, processor = load_model(path, cfg.model.dtype)
@@ -95,21 +158,17 @@ def _train_policy(cfg: PolicyTrainConfig, run: Run) -> dict[str, Any]:
             check_teacher(cfg.teacher.path, path, run.print)
         teacher = Teacher(cfg.teacher, cfg.model.dtype, strategy.device, strategy.compute_like_policy)
 
-    def prompts(source: str, size: int, seed: int, unique_ids: bool = False) -> list[PromptRecord]:
-        records = load_prompt_records(source, cfg, size, seed, processor, unique_ids)
-        return filter_by_prompt_length(
-            records,
-            processor,
-            cfg.data.max_prompt_length,
-            cfg.data.on_bad_record,
-            system_prompt=cfg.data.system_prompt or None,
-            prompt_template=cfg.data.prompt_template,
-            tools=tools.schemas if tools is not None else None,
-        )
-
-    train_records = prompts(cfg.data.train_source, cfg.data.synthetic_train_size, cfg.train.seed)
+    train_records = training_prompts(cfg, processor, tools)
     eval_records = (
-        prompts(cfg.data.eval_source, cfg.data.synthetic_eval_size, heldout_seed(cfg.train.seed), unique_ids=True)
+        usable_prompts(
+            cfg,
+            cfg.data.eval_source,
+            cfg.data.synthetic_eval_size,
+            heldout_seed(cfg.train.seed),
+            processor,
+            tools,
+            True,
+        )
         if cfg.data.eval_source
         else []
     )
@@ -145,11 +204,14 @@ def _train_policy(cfg: PolicyTrainConfig, run: Run) -> dict[str, Any]:
         guard=run.guard,
         log=run.print,
         tools=tools,
+        placement=placement,
+        model_path=str(path),
     )
     try:
         header = f"{len(train_records)} training prompts, {len(eval_records)} held-out prompts, "
         return run.fit(trainer, processor, total, header)
     finally:
+        trainer.close()
         pool.close()
         if tools is not None:
             tools.close()

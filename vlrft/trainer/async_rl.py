@@ -1,0 +1,250 @@
+"""Asynchronous RL (``rollout.mode: async``, docs/async.md): rollout ranks sample and score while trainer ranks train.
+
+The protocol, over the channels of :mod:`vlrft.strategies.placement`:
+
+1. At the first step (after any resume), the first trainer sends every rollout rank the start: the model folder, the
+   step, the prompt stream's cursor and the number of steps. Each rollout rank loads the model and answers with its
+   parameters' names, shapes and dtypes: the layout of the weights it will receive.
+2. Versioned weights: version ``v`` is the policy after ``v`` updates. The trainers publish the starting version, then
+   version ``s + 1`` after step ``s`` (every trainer reads ``Strategy.full_params()``, sharded strategies gather; the
+   first trainer broadcasts a header ``(WEIGHTS, v)`` and one flat buffer per dtype, without waiting for the
+   receivers). A rollout rank loads versions in order, only when it needs them.
+3. Bounded staleness: rollout rank ``k`` samples step ``s`` with version ``max(start, s - max_staleness)``: never
+   older (it waits for that version), never newer (the same tokens on every run: the staleness is exactly
+   ``max_staleness`` after the first steps). It takes step ``s``'s prompts from the same seeded stream as the
+   trainers, samples prompts ``i`` with ``i % K == k`` (keyed sampling: the tokens do not depend on which rank
+   samples), scores them with the reward pool, and sends trainer ``t`` the groups ``i`` with ``i % M == t`` (the share
+   a colocated run of M ranks gives rank ``t``), each group carrying its version, without waiting.
+4. The trainer of step ``s`` receives its groups from every rollout rank, checks that they are the prompts its own
+   stream drew and that no group is older than ``max_staleness``, and trains (:class:`AsyncRollouts` in
+   ``PolicyTrainer.make_experience``). A group sampled by an older version gets its proximal log-probs recomputed
+   (``algorithm.off_policy``: the decoupled objective weighs by proximal / behaviour).
+5. At the end, or when the trainers stop early (preemption, an error), the first trainer broadcasts ``STOP``; a rollout
+   rank reads it when it next needs weights and ends. Samples in flight are discarded: a resumed run samples those
+   steps again, from the checkpoint's version.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from vlrft.rollout.base import sampling_key
+from vlrft.sampling import PromptStream
+from vlrft.strategies.placement import STOP, WEIGHTS, Placement
+
+_DTYPES = {str(d): d for d in (torch.float32, torch.bfloat16, torch.float16, torch.float64)}
+
+
+def stream_layout(model: torch.nn.Module) -> list[tuple[str, tuple[int, ...], str]]:
+    """What a rollout rank receives: its parameters' (name, shape, dtype), in the order the buffers carry them."""
+    return [(name, tuple(p.shape), str(p.dtype)) for name, p in model.named_parameters()]
+
+
+def flat_buffers(
+    layout: list[tuple[str, tuple[int, ...], str]], tensors: dict[str, torch.Tensor], device: torch.device
+) -> list[torch.Tensor]:
+    """The named tensors as one flat buffer per dtype of ``layout`` (in its order), cast to the receiver's dtypes."""
+    out = []
+    for dtype in dict.fromkeys(d for _, _, d in layout):
+        parts = [
+            tensors[name].to(device=device, dtype=_DTYPES[dtype]).reshape(-1) for name, _, d in layout if d == dtype
+        ]
+        out.append(torch.cat(parts))
+    return out
+
+
+def empty_buffers(layout: list[tuple[str, tuple[int, ...], str]], device: torch.device) -> list[torch.Tensor]:
+    """Receive buffers for :func:`flat_buffers`."""
+    out = []
+    for dtype in dict.fromkeys(d for _, _, d in layout):
+        numel = sum(int(torch.Size(shape).numel()) for _, shape, d in layout if d == dtype)
+        out.append(torch.empty(numel, dtype=_DTYPES[dtype], device=device))
+    return out
+
+
+@torch.no_grad()
+def load_buffers(model: torch.nn.Module, layout, buffers: list[torch.Tensor]) -> None:
+    """Copy :func:`flat_buffers`' content into ``model``'s parameters."""
+    params = dict(model.named_parameters())
+    for dtype, flat in zip(dict.fromkeys(d for _, _, d in layout), buffers):
+        offset = 0
+        for name, shape, d in layout:
+            if d != dtype:
+                continue
+            n = int(torch.Size(shape).numel())
+            params[name].copy_(flat[offset : offset + n].view(shape))
+            offset += n
+
+
+class AsyncRollouts:
+    """The trainer's side: start the rollout ranks, receive each step's groups, publish each version, stop them."""
+
+    def __init__(self, placement: Placement, cfg: Any, strategy: Any):
+        self.p, self.cfg, self.strategy = placement, cfg, strategy
+        self.max_staleness = cfg.rollout.asynchronous.max_staleness
+        self.started = False
+        self.layout: list | None = None
+        self.pending: collections.deque = collections.deque()  # (works, buffers) of published versions in flight
+        self.stopped = False
+
+    # ------------------------------------------------------------------------------------------------ start / stop
+    def start(self, model_path: str, step: int, cursor: int, total_steps: int) -> None:
+        """Tell the rollout ranks where the run starts and publish the weights of version ``step``."""
+        p = self.p
+        if p.publish is not None:  # the first trainer
+            hello = {"model_path": model_path, "step": step, "cursor": cursor, "total_steps": total_steps}
+            works = [w for k in p.rollout_ranks for w in p.send_object(hello, k)]
+            layouts = [p.recv_object(k, "its weight layout (the model loaded)") for k in p.rollout_ranks]
+            for w, _ in works:
+                w.wait()
+            self.layout = layouts[0]
+        self.started = True
+        self.publish(step)
+
+    def publish(self, version: int) -> float:
+        """Publish the trained weights as ``version`` (every trainer reads the stream; the first broadcasts it without
+        waiting for the receivers, keeping at most ``max_staleness + 1`` versions in flight). Returns the seconds."""
+        if not self.started:
+            return 0.0
+        t0 = time.perf_counter()
+        s, p = self.strategy, self.p
+        if p.publish is None:
+            if s.shards_parameters:  # the gathers are collective: every trainer reads the whole stream
+                for _ in s.full_params():
+                    pass
+            return time.perf_counter() - t0
+        names = {name for name, _, _ in self.layout}
+        tensors = {name: t.detach().clone() for name, t in s.full_params() if name in names}
+        missing = sorted(names - set(tensors))
+        if missing:
+            raise RuntimeError(f"async weights: the trained model streams no {missing[0]!r} ({len(missing)} missing)")
+        buffers = flat_buffers(self.layout, tensors, p._publish_device)
+        while len(self.pending) > self.max_staleness:
+            self._wait_oldest()
+        header = torch.tensor([WEIGHTS, version, len(buffers)], dtype=torch.int64, device=p._publish_device)
+        works = [p.broadcast_async(header), *(p.broadcast_async(b) for b in buffers)]
+        self.pending.append((works, [header, *buffers]))
+        return time.perf_counter() - t0
+
+    def _wait_oldest(self) -> None:
+        works, _ = self.pending.popleft()
+        for w in works:
+            self.p._wait(w, self.p.rollout_ranks[0], "receipt of the published weights")
+
+    def stop(self) -> None:
+        """End the rollout ranks (the first trainer broadcasts STOP; the versions in flight are read first)."""
+        if not self.started or self.stopped or self.p.publish is None:
+            self.stopped = True
+            return
+        self.stopped = True
+        header = torch.tensor([STOP, -1, 0], dtype=torch.int64, device=self.p._publish_device)
+        self.pending.append(([self.p.broadcast_async(header)], [header]))
+        while self.pending:
+            self._wait_oldest()
+
+    # ------------------------------------------------------------------------------------------------ receive
+    def receive(self, step: int, expected_ids: list[str], metrics: dict[str, float]) -> list[Any]:
+        """This trainer's groups of step ``step`` from every rollout rank, in the order of ``expected_ids`` (its share
+        of the step's prompts, as its own stream drew them)."""
+        p = self.p
+        t0 = time.perf_counter()
+        messages = [p.recv_object(k, f"the rollouts of step {step + 1}") for k in p.rollout_ranks]
+        wait = time.perf_counter() - t0
+        indexed = sorted((i, g) for m in messages for i, g in m["groups"])
+        groups = [g for _, g in indexed]
+        got = [g.record.id for g in groups]
+        if got != list(expected_ids) or any(m["step"] != step for m in messages):
+            raise RuntimeError(
+                f"async step {step + 1}: the rollout ranks sent prompts {got[:4]} of steps "
+                f"{sorted({m['step'] + 1 for m in messages})}, the trainer's stream drew {list(expected_ids)[:4]}"
+            )
+        lag = torch.tensor([float(step - g.version) for g in groups])
+        if lag.numel() and int(lag.max()) > self.max_staleness:
+            raise RuntimeError(
+                f"async step {step + 1}: a group of version {step - int(lag.max())} is "
+                f"{int(lag.max())} updates old (rollout.asynchronous.max_staleness={self.max_staleness})"
+            )
+        tokens = torch.tensor([float(sum(x.response_ids.numel() for x in g.rollouts)) for g in groups])
+        metrics["async/wait_rollouts_s"] = wait
+        metrics["async/staleness_mean"] = float(lag.mean()) if lag.numel() else 0.0
+        metrics["async/staleness_max"] = float(lag.max()) if lag.numel() else 0.0
+        for k in range(self.max_staleness + 1):  # the histogram: share of groups (and of tokens) k updates old
+            at = lag == k
+            metrics[f"async/staleness_share/{k}"] = float(at.float().mean()) if lag.numel() else 0.0
+            metrics[f"async/tokens_at_staleness/{k}"] = float(tokens[at].sum())
+        rollout_side = collections.defaultdict(list)
+        for m in messages:
+            for key, value in m["metrics"].items():
+                rollout_side[key].append(value)
+        metrics.update({k: float(sum(v) / len(v)) for k, v in rollout_side.items()})
+        metrics["async/data_age_s"] = max(time.time() - m["sent_at"] for m in messages)
+        return groups
+
+
+class RolloutWorker:
+    """A rollout rank's loop (:func:`serve_rollouts`): weights in, scored groups out."""
+
+    def __init__(self, placement: Placement, cfg: Any, model: torch.nn.Module, draw: Any, records: list, hello: dict):
+        """``draw(records, keys, step, metrics) -> list[ScoredGroup]``: sample and score (the colocated trainer's own
+        ``draw_groups``); ``records``: the training prompts, as the trainers read them."""
+        self.p, self.cfg, self.model, self.draw = placement, cfg, model, draw
+        self.layout = stream_layout(model)
+        self.version = -1
+        self.stream = PromptStream(records, cfg.data.group_size, cfg.train.seed)
+        self.stream.cursor = hello["cursor"]
+        self.start, self.total = hello["step"], hello["total_steps"]
+        self.pending: list = []  # sends in flight (works and their buffers)
+        self.device = next(model.parameters()).device
+
+    def _next_weights(self) -> bool:
+        """Read the next announcement: load a version (True) or STOP (False)."""
+        p = self.p
+        kind, version, _ = p.broadcast_header(0, 0)
+        if kind == STOP:
+            return False
+        buffers = empty_buffers(self.layout, p._publish_device)
+        p.broadcast_tensors(buffers, f"the weights of version {version}")
+        load_buffers(self.model, self.layout, [b.to(self.device) for b in buffers])
+        self.version = version
+        return True
+
+    def run(self) -> None:
+        p, a = self.p, self.cfg.rollout.asynchronous
+        k, K, M = p.rollout_index, len(p.rollout_ranks), len(p.trainer_ranks)
+        B = self.cfg.rollout.rollout_batch_size
+        for step in range(self.start, self.total):
+            t0 = time.perf_counter()
+            while self.version < max(self.start, step - a.max_staleness):
+                if not self._next_weights():
+                    return
+            idle = time.perf_counter() - t0
+            picked = self.stream.take(B)
+            mine = [(i, r) for i, r in enumerate(picked) if i % K == k]
+            metrics: dict[str, float] = {}
+            t1 = time.perf_counter()
+            keys = [sampling_key(self.cfg.train.seed, step, r.id) for _, r in mine]
+            groups = self.draw([r for _, r in mine], keys, step, metrics)
+            busy = time.perf_counter() - t1
+            for g in groups:
+                g.version = self.version
+            samples = sum(len(g.rollouts) for g in groups)
+            metrics["async/rollout_idle_share"] = idle / max(idle + busy, 1e-9)
+            metrics["async/rollout_samples_per_s"] = samples / max(busy, 1e-9)
+            metrics["async/version"] = float(self.version)
+            self.pending = [(w, buf) for w, buf in self.pending if not w.is_completed()]
+            for t in range(M):
+                share = [(i, g) for (i, _), g in zip(mine, groups) if i % M == t]
+                msg = {"step": step, "groups": share, "metrics": metrics, "sent_at": time.time()}
+                self.pending += p.send_object(msg, p.trainer_ranks[t])
+        while self._next_weights():  # versions published after the last step sampled, until STOP
+            pass
+
+
+def async_sampling(sampling: Any) -> Any:
+    """A rollout rank's sampling: the engine reports each drawn token's log-prob (the behaviour policy's)."""
+    return replace(sampling, logprobs=True)
