@@ -58,10 +58,9 @@ MODULE_RANKS = {
         **dict.fromkeys(("packing", "loading", "tiny"), 3),
     },
     "vlrft.strategies": {
-        **dict.fromkeys(
-            ("registry", "process", "rng", "numerics", "blocks", "export", "weight_stream", "placement"), 0
-        ),
+        **dict.fromkeys(("registry", "process", "rng", "numerics", "blocks", "export", "weight_stream"), 0),
         "config": 1,
+        "placement": 1,
         **dict.fromkeys(("optim", "adapt"), 2),
         "base": 3,
         **dict.fromkeys(("single", "fsdp2", "deepspeed"), 4),

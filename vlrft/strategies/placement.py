@@ -24,12 +24,15 @@ import pickle
 import socket
 from dataclasses import dataclass, field
 from datetime import timedelta
+from pathlib import Path
 from typing import Any, Iterable
 
 import torch
 import torch.distributed as dist
 
 from vlrft.errors import DistributedError
+from vlrft.liveness import LivenessMonitor
+from vlrft.strategies.process import mark_in_groups
 
 # what a header broadcast on the publish group announces
 WEIGHTS, STOP = 1, 2
@@ -83,6 +86,16 @@ class Placement:
         """``rank N on HOST`` for a global rank, as error lines name it."""
         return f"rank {rank} on {self.hosts.get(rank, '?')}"
 
+    def watch(self, folder: Path, timeout_s: float) -> LivenessMonitor | None:
+        """Heartbeats of every rank of the world, trainers and rollout ranks, in ``folder`` (``vlrft.liveness``): a
+        rank killed or silent for ``timeout_s`` stops every other with one line naming it and its host. Every rank
+        calls it (the start waits for all at the channel's barrier); None with ``timeout_s=0``."""
+        if timeout_s <= 0:
+            return None
+        monitor = LivenessMonitor(folder, self.rank, self.world, timeout_s)
+        monitor.start(lambda: self.channel.barrier().wait())
+        return monitor
+
     # --- objects, point to point on the channel -------------------------------------------------------------
     def send_object(self, obj: Any, dst: int) -> list[Any]:
         """Send ``obj`` (pickled) to global rank ``dst`` without waiting; returns the pending works, which must be
@@ -130,11 +143,18 @@ class Placement:
         try:
             work.wait()
         except Exception as exc:  # the transport's error: a closed connection (a killed rank) or the timeout
-            role = "rollout" if peer in self.rollout_ranks else "trainer"
-            raise DistributedError(
-                f"{role} {self.where(peer)} did not deliver {what} to {self.where(self.rank)} "
-                f"(gone or silent for {self.timeout_s:g} s: {str(exc).splitlines()[0][:200]})"
-            ) from None
+            text = str(exc)
+            closed = any(k in text for k in ("Connection closed", "Connection reset", "Broken pipe"))
+            why = (
+                "is gone (its connection closed: killed or crashed)"
+                if closed
+                else f"sent nothing for {self.timeout_s:g} s"
+            )
+            me = f"{'rollout' if self.is_rollout else 'trainer'} {self.where(self.rank)}"
+            raise DistributedError(f"{self._role(peer)} {self.where(peer)} {why}; {me} awaited {what}") from None
+
+    def _role(self, rank: int) -> str:
+        return "rollout" if rank in self.rollout_ranks else "trainer"
 
 
 def _nccl() -> bool:
@@ -152,6 +172,7 @@ def place(rollout_ranks: int, timeout_s: float) -> Placement:
     timeout = timedelta(seconds=timeout_s)
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    mark_in_groups()
     store, _, _ = next(dist.rendezvous("env://", rank=rank, world_size=world, timeout=timeout))
     channel = dist.ProcessGroupGloo(dist.PrefixStore("vlrft-async/channel", store), rank, world, timeout)
     members = [trainers[0], *rollouts]

@@ -64,6 +64,16 @@ def _destroy_process_group() -> None:
         dist.destroy_process_group()
 
 
+_IN_GROUPS = False  # this process holds process groups of its own (rollout.mode=async's channels)
+
+
+def mark_in_groups() -> None:
+    """Say that this process holds process groups beside (or instead of) the default one: it then ends through
+    :func:`finish_process`'s safe path too."""
+    global _IN_GROUPS
+    _IN_GROUPS = True
+
+
 def finish_process(code: int) -> int:
     """End the main function of a process that may have joined a process group: ``return finish_process(code)``.
 
@@ -77,7 +87,7 @@ def finish_process(code: int) -> int:
     after all the work is done. Seen about once in 50 two-rank FSDP2 updates under load on 2 cores, with this core
     dump's stack: thread ``ProcessGroupGloo::runLoop`` -> ``~AsyncAllgatherCoalescedWork`` -> ``decref_pyobject`` ->
     ``PyThread_exit_thread`` -> ``std::terminate``, the main thread in ``Py_FinalizeEx``."""
-    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+    if not (_IN_GROUPS or (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1)):
         return code
     # what the interpreter's exit does before finalising, in its order: threading's exit hooks (a thread pool's
     # idle workers are told to stop) and the join of the non-daemon threads, then the atexit handlers

@@ -29,6 +29,7 @@ from __future__ import annotations
 import collections
 import time
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -91,6 +92,8 @@ class AsyncRollouts:
         self.layout: list | None = None
         self.pending: collections.deque = collections.deque()  # (works, buffers) of published versions in flight
         self.stopped = False
+        self.liveness = Path(cfg.train.output_dir) / ".liveness" / "async"  # every rank's heartbeat, global ranks
+        self.monitor = None
 
     # ------------------------------------------------------------------------------------------------ start / stop
     def start(self, model_path: str, step: int, cursor: int, total_steps: int) -> None:
@@ -103,6 +106,7 @@ class AsyncRollouts:
             for w, _ in works:
                 w.wait()
             self.layout = layouts[0]
+        self.monitor = p.watch(self.liveness, self.cfg.strategy.heartbeat_timeout_s)
         self.started = True
         self.publish(step)
 
@@ -138,6 +142,13 @@ class AsyncRollouts:
 
     def stop(self) -> None:
         """End the rollout ranks (the first trainer broadcasts STOP; the versions in flight are read first)."""
+        try:
+            self._stop()
+        finally:
+            if self.monitor is not None:
+                self.monitor.stop()
+
+    def _stop(self) -> None:
         if not self.started or self.stopped or self.p.publish is None:
             self.stopped = True
             return

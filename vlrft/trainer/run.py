@@ -136,9 +136,12 @@ def serve_rollouts(cfg: PolicyTrainConfig, placement: Placement) -> dict[str, An
     def draw(share: list[PromptRecord], keys: list[int], step: int, metrics: dict[str, float]):
         return draw_groups(engine, processor, share, sampling, cfg, pool, trajectories, metrics, keys)
 
+    monitor = placement.watch(Path(cfg.train.output_dir) / ".liveness" / "async", cfg.strategy.heartbeat_timeout_s)
     try:
         RolloutWorker(placement, cfg, model, draw, records, hello).run()
     finally:
+        if monitor is not None:
+            monitor.stop()
         pool.close()
         if tools is not None:
             tools.close()
@@ -209,6 +212,9 @@ def _train_policy(cfg: PolicyTrainConfig, run: Run, placement: Placement | None 
     )
     try:
         header = f"{len(train_records)} training prompts, {len(eval_records)} held-out prompts, "
+        if placement is not None:
+            a = cfg.rollout.asynchronous
+            header += f"async: {a.rollout_ranks} rollout rank(s), max staleness {a.max_staleness}, trainer "
         return run.fit(trainer, processor, total, header)
     finally:
         trainer.close()
