@@ -24,3 +24,10 @@ class AsyncRolloutConfig:
         "result; 1: sampling of step s+1 overlaps training of step s); rollout ranks wait rather than run ahead",
         ge=0,
     )
+    partial: bool = option(
+        False,
+        "partial rollouts: a version the trainers publish while a rollout rank generates is loaded between two decode "
+        "steps and the rest of the response is sampled by it (each token records its version; the KV cache of the "
+        "tokens before stays, computed by the older weights); false: a version is loaded only between steps. hf "
+        "engine, single-turn only; the run is then not reproducible (when a version lands depends on timing)",
+    )

@@ -140,6 +140,9 @@ class Rollout:
     # None where the trainer recomputes them anyway (``hf`` otherwise)
     logprobs: torch.Tensor | None = None
     trajectory: Trajectory | None = None  # multi-turn rollouts with tools
+    # [R] int64: the policy version that drew each token, where versions change while the engine generates (partial
+    # rollouts, ``rollout.asynchronous.partial``: ``HFRolloutEngine.between_steps``); None: one version drew them all
+    versions: torch.Tensor | None = None
 
 
 def stack_rollout_logprobs(rollouts: list[Rollout], width: int) -> torch.Tensor | None:

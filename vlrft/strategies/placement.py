@@ -30,6 +30,7 @@ from typing import Any, Iterable
 import torch
 import torch.distributed as dist
 
+from vlrft.config import ConfigError
 from vlrft.errors import DistributedError
 from vlrft.liveness import LivenessMonitor
 from vlrft.strategies.process import mark_in_groups
@@ -40,15 +41,20 @@ WEIGHTS, STOP = 1, 2
 
 def rollout_rank_set(world: int, local_world: int, rollout_ranks: int) -> list[int]:
     """The global ranks that sample: the first ``rollout_ranks / nodes`` local ranks of each node (torchrun numbers a
-    node's ranks contiguously, ``local_world`` per node). Raises ValueError naming the rule."""
+    node's ranks contiguously, ``local_world`` per node). Raises ConfigError naming the rule."""
     nodes = max(1, world // max(1, local_world))
+    if world < 2:
+        raise ConfigError(
+            "rollout.mode=async: needs a torchrun world of at least 2 processes (rollout ranks sample, the others "
+            "train), this one has 1; run torchrun --nproc_per_node 2 -m vlrft train-policy ..."
+        )
     if rollout_ranks < 1 or rollout_ranks >= world:
-        raise ValueError(
+        raise ConfigError(
             f"rollout.asynchronous.rollout_ranks={rollout_ranks}: must lie in 1..{world - 1} for a torchrun world of "
             f"{world} processes (at least one rank trains)"
         )
     if rollout_ranks % nodes:
-        raise ValueError(
+        raise ConfigError(
             f"rollout.asynchronous.rollout_ranks={rollout_ranks}: must be a multiple of the {nodes} nodes "
             "(each node gets as many rollout ranks)"
         )

@@ -291,6 +291,16 @@ class PolicyTrainConfig:
                 "train.on_collapse=rollback: not with rollout.mode=async (the rollout ranks have sampled past the "
                 "checkpoint); use stop or warn"
             )
+        if r.asynchronous.partial and r.engine != "hf":
+            raise ConfigError(
+                f"rollout.asynchronous.partial=true: loads weights between the decode steps of the hf engine only, "
+                f"not rollout.engine={r.engine}; use rollout.engine=hf or partial=false"
+            )
+        if r.asynchronous.partial and self.tools.enabled:
+            raise ConfigError(
+                "rollout.asynchronous.partial=true: not with tools (a multi-turn trajectory does not carry its tokens' "
+                "versions yet); use partial=false"
+            )
 
     def validate(self) -> None:
         r, t = self.rollout, self.train

@@ -63,7 +63,7 @@ from vlrft.trainer.teacher import Teacher, distillation_metrics
 
 class PolicyTrainer(Trainer):
     progress_metric = ("reward", "reward/combined")
-    curve_keys = ("reward/combined", "accuracy", "frac_reward_zero_std")
+    curve_keys = ("reward/combined", "accuracy", "frac_reward_zero_std", "async/staleness_mean")
     # the console line of a step (everything goes to metrics.jsonl, TensorBoard and wandb)
     console_keys = ("reward/", "accuracy", "frac_reward_zero_std", "entropy", "kl", "response_length/mean")
     console_keys += ("train/grad_norm", "critic/loss", "time/step", "eval/accuracy", "eval/pass@", "distill/reverse_kl")

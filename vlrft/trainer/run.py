@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import signal
+import threading
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -17,7 +19,7 @@ from data_pipelines.synthetic import heldout_seed, make_judgment_records, make_p
 from reward_models.pool import RewardPool
 from reward_models.scalar import HEAD_CONFIG, ScalarRewardModel
 from vlrft.config import ConfigError
-from vlrft.loop import Run, training_run
+from vlrft.loop import Run, preempt_signals, training_run
 from vlrft.models.loading import load_model
 from vlrft.rollout import make_engine
 from vlrft.rollout.trajectories import TrajectoryRunner
@@ -114,11 +116,27 @@ def train_policy(cfg: PolicyTrainConfig) -> dict[str, Any]:
         return _train_policy(cfg, run, placement)
 
 
+def wait_for_the_trainers_stop(cfg: PolicyTrainConfig) -> None:
+    """A rollout rank does not end on a preemption signal (``train.preempt_signals``) or a first Ctrl-C, which the
+    launcher sends every rank: the trainers then save a checkpoint and send STOP, which ends it (a rollout rank that
+    died first would make them stop without one). A second Ctrl-C ends it at once."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in preempt_signals(cfg.train.preempt_signals):
+        signal.signal(sig, lambda signum, frame: None)
+
+    def first_ctrl_c(signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    signal.signal(signal.SIGINT, first_ctrl_c)
+
+
 def serve_rollouts(cfg: PolicyTrainConfig, placement: Placement) -> dict[str, Any]:
     """A rollout rank of ``rollout.mode=async`` (``vlrft.trainer.async_rl``): wait for the trainers' start, load the
     model they name (its weights then come with every version), build the engine, the reward pool and the tools as a
     colocated run does, and sample and score each step's share of prompts until the trainers stop it. Returns an
     empty summary: the trainers own the run folder and its outputs."""
+    wait_for_the_trainers_stop(cfg)
     first = placement.trainer_ranks[0]
     hello = placement.recv_object(first, "the start of the run")
     strategy = make_strategy(replace(cfg.strategy, name="single"), cfg.optim)  # one process: the policy's kernels
