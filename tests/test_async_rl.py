@@ -337,3 +337,59 @@ def test_sigterm_to_a_lockstep_async_run_checkpoints_and_continues_bitwise(tmp_p
     assert res.returncode == 0, res.stderr[-3000:]
     want, got = load_file(str(ref / "final" / "model.safetensors")), load_file(str(run / "final" / "model.safetensors"))
     assert set(want) == set(got) and all(torch.equal(want[k], got[k]) for k in want)  # bitwise
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_two_torchrun_nodes_with_a_rollout_rank_each_equal_the_colocated_fsdp2_run(tmp_path):
+    """Two torchrun agents on loopback (two "nodes" of 2 processes) with rollout_ranks=2: one rollout rank on each
+    side of the node boundary (global ranks 0 and 2), two FSDP2 trainers (1 and 3). In lockstep the trainers get the
+    shares a colocated 2-rank FSDP2 run gives its ranks and keyed sampling draws the same tokens, so the weights are
+    that run's: measured bitwise (bound 1e-6)."""
+    import socket
+    import subprocess
+    import sys
+
+    common = ["strategy.name=fsdp2", "train.max_steps=3", "rollout.keyed_sampling=true"]
+    sync = _policy_run(tmp_path / "sync", *common, nproc=2, port_offset=71)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "two-nodes"
+    args = [
+        "train-policy",
+        f"train.output_dir={out}",
+        "train.eval_every=0",
+        "data.synthetic_eval_size=8",
+        "rollout.rollout_batch_size=8",
+        "rollout.n_samples_per_prompt=4",
+        "logging.wandb=disabled",
+        "logging.tensorboard=false",
+        "logging.progress_bar=false",
+        "rollout.mode=async",
+        "rollout.asynchronous.rollout_ranks=2",
+        "rollout.asynchronous.max_staleness=0",
+        *common,
+    ]
+    launch = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "2"]
+    launch += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "async-two-nodes"]
+    nodes = [
+        subprocess.Popen(
+            [*launch, "-m", "vlrft", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=subprocess_env(),
+        )
+        for _ in range(2)
+    ]
+    logs = [n.communicate(timeout=900)[0] for n in nodes]
+    assert all(n.returncode == 0 for n in nodes), "\n".join(x[-3000:] for x in logs)
+    assert any("async: 2 rollout rank(s)" in x for x in logs)
+    a, b = _weights(tmp_path / "sync"), _weights(out)
+    diff = max(float((a[k] - b[k]).abs().max()) for k in a)
+    assert diff <= 1e-6, diff
+    assert [r["prompt_ids"] for r in sync["order"]] == [
+        json.loads(x)["prompt_ids"] for x in (out / "data_order.jsonl").read_text().splitlines()
+    ]
+    print(f"two nodes, async lockstep vs colocated FSDP2: max parameter difference {diff}")
