@@ -163,7 +163,8 @@ def test_one_step_stale_rollouts_on_two_fsdp2_trainers(tmp_path):
     for r in steps:
         assert r["async/tokens_at_staleness/0"] + r["async/tokens_at_staleness/1"] > 0
         assert 0.0 <= r["async/trainer_idle_share"] <= 1.0 and 0.0 <= r["async/rollout_idle_share"] <= 1.0
-        assert r["async/rollout_samples_per_s"] > 0 and r["time/weight_publish"] >= 0
+        assert r["async/rollout_samples_per_s"] > 0 and r["async/trainer_samples_per_s"] > 0
+        assert r["time/weight_publish"] >= 0
         assert r["off_policy/behav_weight_mean"] > 0
     # stale groups: the behaviour policy is not the proximal one, so the weights move off 1
     assert any(abs(r["off_policy/logprob_diff_mean"]) > 0 for r in steps[1:])

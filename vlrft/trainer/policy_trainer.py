@@ -427,6 +427,7 @@ class PolicyTrainer(Trainer):
             metrics["time/weight_publish"] = self.async_rollouts.publish(self.steps_done)
             waited = metrics["time/rollout"] + metrics["time/weight_publish"]
             metrics["async/trainer_idle_share"] = waited / max(time.perf_counter() - started, 1e-9)
+            metrics["async/trainer_samples_per_s"] = len(exp) / max(metrics.get("time/update", 0.0), 1e-9)
         self._log_step(exp)
         metrics.update(self.canary.step(self.steps_done))  # nothing unless train.probe_every says so
         return mean_over_ranks(self.strategy, metrics)  # a figure undefined on a rank's share is left out
