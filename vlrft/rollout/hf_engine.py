@@ -12,9 +12,10 @@ the compiled decode of ``rollout.hf.compile``).
 Sharded models (FSDP2, ZeRO-3) generate through the root module in lockstep (``synced_gpus``) on the
 prompts repeated n times instead.
 
-FIRE sampling (``SamplingParams.first_token_temperature``), keyed sampling (``SamplingParams.keys``) and the drawn
-tokens' log-probs are one logits processor (:class:`DrawnDistribution`), the same on every path: the module or its
-copy, prefill once or not, a static cache or not, lockstep or not.
+FIRE sampling (``SamplingParams.first_token_temperature``), keyed sampling (``SamplingParams.keys``), the drawn
+tokens' log-probs and partial rollouts' weight loads (:attr:`HFRolloutEngine.between_steps`) are one logits processor
+(:class:`DrawnDistribution`), the same on every path: the module or its copy, prefill once or not, a static cache or
+not, lockstep or not (but partial rollouts).
 
 Which of these an engine does (a copy or the module, a static cache or not, lockstep or not) is decided in one
 place, the engine's builder (``vlrft.rollout.hf``), from ``rollout.hf`` and where the policy computes.
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 from contextlib import contextmanager
-from typing import Iterable
+from typing import Callable, Iterable
 
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList, TopKLogitsWarper, TopPLogitsWarper
@@ -49,6 +50,14 @@ class HFRolloutEngine:
     owns_weights = False  # it generates with the module it was given: building one costs nothing
     needs_all_params = False  # no weight stream is read
     weight_dtype: torch.dtype | None = None  # the dtype the stream is cast to: none read
+    # Partial rollouts (``rollout.asynchronous.partial``, vlrft.trainer.async_rl): called before each micro-batch's
+    # prefill and at every decode step, after the step's forward and before its token is drawn; it may load newer
+    # weights, in place, into the module that generates, and returns the version of the weights the next forward
+    # computes with. Each token records the version whose forward gave its scores (``Rollout.versions``); the KV cache
+    # of the tokens before stays as the older weights computed it, so the log-prob reported for a token is that of the
+    # distribution it was actually drawn from (the newer weights reading the older cache): the behaviour policy of the
+    # decoupled objective is exactly the mixed one that sampled. None: no hook, no versions (unsharded engines only).
+    between_steps: Callable[[], int] | None = None
 
     def __init__(
         self,
@@ -167,9 +176,13 @@ class HFRolloutEngine:
         device = next(model.parameters()).device
         rollouts: list[Rollout] = []
         sampling.check_keys(len(prompts))
+        hook = self.between_steps
+        if hook is not None and self.synced:
+            raise ValueError("hf engine: between_steps (partial rollouts) needs an unsharded engine (synced=False)")
         try:
             for start in range(0, len(prompts), self.micro_batch_size):
                 chunk = prompts[start : start + self.micro_batch_size]
+                version = hook() if hook is not None else 0  # a newer version lands before the prefill too
                 batch = collate_prompts(chunk, self.pad_id)
                 width = batch["input_ids"].shape[1]
                 kwargs = dict(
@@ -182,10 +195,10 @@ class HFRolloutEngine:
                 )
                 drawn = None  # the drawn tokens' log-probs, where FIRE samples or they are asked for
                 keyed = sampling.keys is not None and sampling.temperature > 0
-                if sampling.first_token_temperature is not None or sampling.logprobs or keyed:
+                if sampling.first_token_temperature is not None or sampling.logprobs or keyed or hook is not None:
                     # rows are prompt-major, n per prompt, on every path (_inputs): row r is prompt r // n
                     keys = row_keys(sampling.keys[start : start + len(chunk)], sampling.n, device) if keyed else None
-                    drawn = DrawnDistribution(width, sampling, keys)
+                    drawn = DrawnDistribution(width, sampling, keys, between_steps=hook, version=version)
                     # it tempers and filters the scores itself: generate adds no warper after it; keyed, it draws
                     # the token itself and leaves generate one to pick (greedily: no global RNG is read)
                     kwargs.update(
@@ -211,15 +224,21 @@ class HFRolloutEngine:
                     out = model.generate(**inputs, **kwargs)
                 new = out[:, width:].cpu()
                 logps = drawn.logprobs(out) if drawn is not None and sampling.logprobs else None
+                versions = drawn.versions(out) if hook is not None else None  # [steps], the same for every row
                 for row in range(new.shape[0]):
                     lp = logps[row] if logps is not None else None
-                    rollouts.append(self._finish(start + row // sampling.n, new[row], sampling, lp))
+                    rollouts.append(self._finish(start + row // sampling.n, new[row], sampling, lp, versions))
         finally:
             model.train(was_training)
         return rollouts
 
     def _finish(
-        self, prompt_index: int, tokens: torch.Tensor, sampling: SamplingParams, logprobs: torch.Tensor | None
+        self,
+        prompt_index: int,
+        tokens: torch.Tensor,
+        sampling: SamplingParams,
+        logprobs: torch.Tensor | None,
+        versions: torch.Tensor | None = None,
     ) -> Rollout:
         ids = tokens.tolist()
         reason = "length"
@@ -239,7 +258,8 @@ class HFRolloutEngine:
         if reason == "length" and _ends_at_stop(text, sampling.stop):
             reason = "stop"
         lp = logprobs[: len(ids)] if logprobs is not None else None
-        return Rollout(prompt_index, torch.tensor(ids, dtype=torch.long), text, reason, lp)
+        vs = versions[: len(ids)].clone() if versions is not None else None
+        return Rollout(prompt_index, torch.tensor(ids, dtype=torch.long), text, reason, lp, versions=vs)
 
     def _text(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
@@ -258,14 +278,30 @@ class DrawnDistribution(LogitsProcessor):
 
     Keyed (``keys``: the rows' keys, ``vlrft.rollout.keyed.row_keys``): it draws each row's token itself from those
     log-probs by Gumbel-max with the row's keyed noise at the decode position (response tokens so far), and returns
-    scores that are -inf but on that token, which ``generate`` (greedy) then picks."""
+    scores that are -inf but on that token, which ``generate`` (greedy) then picks.
 
-    def __init__(self, width: int, sampling: SamplingParams, keys: torch.Tensor | None = None):
+    Partial rollouts (``between_steps``, :attr:`HFRolloutEngine.between_steps`): at every step it records the version
+    of the weights whose forward gave the scores, then calls the hook, which may load newer weights for the next
+    forward; :meth:`versions` returns the steps' versions. Keyed, each token stays a function of its key and the
+    weights that computed it; which version that is depends on when the trainers' update lands."""
+
+    def __init__(
+        self,
+        width: int,
+        sampling: SamplingParams,
+        keys: torch.Tensor | None = None,
+        *,
+        between_steps: Callable[[], int] | None = None,
+        version: int = 0,
+    ):
         """``width``: the prompts' (left-padded) width, where the response starts in ``input_ids``; ``keys``: ``[B]``
-        int64 row keys (keyed sampling, ``temperature > 0`` only), None: ``generate`` draws."""
+        int64 row keys (keyed sampling, ``temperature > 0`` only), None: ``generate`` draws. ``between_steps``: the
+        engine's hook, ``version``: the version of the weights that computed the prefill (and the first scores)."""
         if keys is not None and sampling.temperature == 0:
             raise ValueError("keyed sampling draws at temperature > 0 only (greedy needs no keys)")
         self.keys = keys
+        self.between_steps, self.version = between_steps, version
+        self._versions: list[int] = []  # per step: the version whose forward computed its scores
         rest = sampling.temperature if sampling.temperature > 0 else 1.0
         self.width, self.rest = width, rest
         self.first = sampling.first_token_temperature or rest
@@ -277,6 +313,9 @@ class DrawnDistribution(LogitsProcessor):
         self._drawn: list[torch.Tensor] = []  # [B] per step
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        if self.between_steps is not None:  # between this step's forward and the next: a newer version may land
+            self._versions.append(self.version)
+            self.version = self.between_steps()
         if self._last is not None:  # the token drawn at the previous step ends input_ids now
             self._drawn.append(self._last.gather(-1, input_ids[:, -1:]).squeeze(-1))
         scores = scores / (self.first if input_ids.shape[1] == self.width else self.rest)
@@ -299,6 +338,15 @@ class DrawnDistribution(LogitsProcessor):
         if len(drawn) != sequences.shape[1] - self.width:
             raise RuntimeError(f"hf engine: {len(drawn)} sampling steps for {sequences.shape[1] - self.width} tokens")
         return torch.stack(drawn, dim=-1).float().cpu() if drawn else torch.zeros((sequences.shape[0], 0))
+
+    def versions(self, sequences: torch.Tensor) -> torch.Tensor:
+        """``[steps]`` int64: the version that computed each step's scores (every row's token of that step), where a
+        ``between_steps`` hook was given."""
+        if len(self._versions) != sequences.shape[1] - self.width:
+            raise RuntimeError(
+                f"hf engine: {len(self._versions)} versioned steps for {sequences.shape[1] - self.width} tokens"
+            )
+        return torch.tensor(self._versions, dtype=torch.int64)
 
 
 def _ends_at_stop(text: str, stop: list[str]) -> bool:

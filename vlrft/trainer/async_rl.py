@@ -8,20 +8,32 @@ The protocol, over the channels of :mod:`vlrft.strategies.placement`:
 2. Versioned weights: version ``v`` is the policy after ``v`` updates. The trainers publish the starting version, then
    version ``s + 1`` after step ``s`` (every trainer reads ``Strategy.full_params()``, sharded strategies gather; the
    first trainer broadcasts a header ``(WEIGHTS, v)`` and one flat buffer per dtype, without waiting for the
-   receivers). A rollout rank loads versions in order, only when it needs them.
+   receivers). A rollout rank loads versions in order, only when it needs them; with partial rollouts
+   (``rollout.asynchronous.partial``) also as they arrive, between two decode steps (below).
 3. Bounded staleness: rollout rank ``k`` samples step ``s`` with version ``max(start, s - max_staleness)``: never
    older (it waits for that version), never newer (the same tokens on every run: the staleness is exactly
    ``max_staleness`` after the first steps). It takes step ``s``'s prompts from the same seeded stream as the
    trainers, samples prompts ``i`` with ``i % K == k`` (keyed sampling: the tokens do not depend on which rank
    samples), scores them with the reward pool, and sends trainer ``t`` the groups ``i`` with ``i % M == t`` (the share
    a colocated run of M ranks gives rank ``t``), each group carrying its version, without waiting.
+
+   Partial rollouts: the rank keeps a receive of the next header posted after every load, and the engine asks
+   (:attr:`HFRolloutEngine.between_steps`) between decode steps whether it has arrived; a version that has is loaded
+   in place there and the rest of the responses are drawn by it (``Rollout.versions``: each token's version; the KV
+   cache of the tokens before stays as the older weights computed it, and each token's reported log-prob is that of
+   the distribution it was drawn from, so the decoupled objective's behaviour policy is exactly the mixed one). A
+   group's version is then its oldest token's: the staleness bound holds for every token (they are never older than
+   the version the step needed, and never newer than the trainers' latest). Keyed sampling keeps each token a
+   function of its key and the weights that drew it, but when a version lands depends on timing: a partial run is
+   not reproducible (with ``max_staleness: 0`` no version can land mid-step, so lockstep stays bitwise).
 4. The trainer of step ``s`` receives its groups from every rollout rank, checks that they are the prompts its own
    stream drew and that no group is older than ``max_staleness``, and trains (:class:`AsyncRollouts` in
    ``PolicyTrainer.make_experience``). A group sampled by an older version gets its proximal log-probs recomputed
    (``algorithm.off_policy``: the decoupled objective weighs by proximal / behaviour).
 5. At the end, or when the trainers stop early (preemption, an error), the first trainer broadcasts ``STOP``; a rollout
-   rank reads it when it next needs weights and ends. Samples in flight are discarded: a resumed run samples those
-   steps again, from the checkpoint's version.
+   rank reads it when it next needs weights (with partial rollouts: as it arrives, then finishes the step's
+   generation without sending it) and ends. Samples in flight are discarded: a resumed run samples those steps
+   again, from the checkpoint's version.
 """
 
 from __future__ import annotations
@@ -174,20 +186,21 @@ class AsyncRollouts:
                 f"async step {step + 1}: the rollout ranks sent prompts {got[:4]} of steps "
                 f"{sorted({m['step'] + 1 for m in messages})}, the trainer's stream drew {list(expected_ids)[:4]}"
             )
-        lag = torch.tensor([float(step - g.version) for g in groups])
+        lag = torch.tensor([float(step - g.version) for g in groups])  # a group's version: its oldest token's
         if lag.numel() and int(lag.max()) > self.max_staleness:
             raise RuntimeError(
                 f"async step {step + 1}: a group of version {step - int(lag.max())} is "
                 f"{int(lag.max())} updates old (rollout.asynchronous.max_staleness={self.max_staleness})"
             )
-        tokens = torch.tensor([float(sum(x.response_ids.numel() for x in g.rollouts)) for g in groups])
+        tokens, mixed = token_staleness(groups, step)
         metrics["async/wait_rollouts_s"] = wait
         metrics["async/staleness_mean"] = float(lag.mean()) if lag.numel() else 0.0
         metrics["async/staleness_max"] = float(lag.max()) if lag.numel() else 0.0
         for k in range(self.max_staleness + 1):  # the histogram: share of groups (and of tokens) k updates old
             at = lag == k
             metrics[f"async/staleness_share/{k}"] = float(at.float().mean()) if lag.numel() else 0.0
-            metrics[f"async/tokens_at_staleness/{k}"] = float(tokens[at].sum())
+            metrics[f"async/tokens_at_staleness/{k}"] = float(tokens.get(k, 0))
+        metrics["async/partial_share"] = mixed  # samples whose tokens more than one version drew
         rollout_side = collections.defaultdict(list)
         for m in messages:
             for key, value in m["metrics"].items():
@@ -197,13 +210,49 @@ class AsyncRollouts:
         return groups
 
 
+def token_staleness(groups: list[Any], step: int) -> tuple[dict[int, int], float]:
+    """Response tokens per version lag at ``step`` (``step - version``: each token's own where its rollout carries
+    ``versions``, partial rollouts; else its group's), and the share of samples whose tokens carry more than one
+    version."""
+    tokens: dict[int, int] = collections.Counter()
+    samples = mixed = 0
+    for g in groups:
+        for x in g.rollouts:
+            samples += 1
+            if x.versions is not None and x.versions.numel():
+                lags, counts = torch.unique(step - x.versions, return_counts=True)
+                tokens.update({int(k): int(c) for k, c in zip(lags, counts)})
+                mixed += int(x.versions.min() != x.versions.max())
+            else:
+                tokens[step - g.version] += x.response_ids.numel()
+    return tokens, mixed / max(samples, 1)
+
+
+def oldest_version(rollouts: list[Any], fallback: int) -> int:
+    """The version of a group's oldest token (``Rollout.versions``), or ``fallback`` (the one version that drew them
+    all) where the rollouts carry none."""
+    drawn = [int(x.versions.min()) for x in rollouts if x.versions is not None and x.versions.numel()]
+    return min(drawn) if drawn else fallback
+
+
 class RolloutWorker:
     """A rollout rank's loop (:func:`serve_rollouts`): weights in, scored groups out."""
 
-    def __init__(self, placement: Placement, cfg: Any, model: torch.nn.Module, draw: Any, records: list, hello: dict):
+    def __init__(
+        self,
+        placement: Placement,
+        cfg: Any,
+        model: torch.nn.Module,
+        draw: Any,
+        records: list,
+        hello: dict,
+        engine: Any = None,
+    ):
         """``draw(records, keys, step, metrics) -> list[ScoredGroup]``: sample and score (the colocated trainer's own
-        ``draw_groups``); ``records``: the training prompts, as the trainers read them."""
-        self.p, self.cfg, self.model, self.draw = placement, cfg, model, draw
+        ``draw_groups``); ``records``: the training prompts, as the trainers read them; ``engine``: the engine
+        ``draw`` samples with, kept in step with every version loaded into ``model`` where it has weights of its own
+        (an inference copy), and given the hook of partial rollouts (``rollout.asynchronous.partial``)."""
+        self.p, self.cfg, self.model, self.draw, self.engine = placement, cfg, model, draw, engine
         self.layout = stream_layout(model)
         self.version = -1
         self.stream = PromptStream(records, cfg.data.group_size, cfg.train.seed)
@@ -211,18 +260,51 @@ class RolloutWorker:
         self.start, self.total = hello["step"], hello["total_steps"]
         self.pending: list = []  # sends in flight (works and their buffers)
         self.device = next(model.parameters()).device
+        self.partial = cfg.rollout.asynchronous.partial
+        self.posted: tuple[Any, torch.Tensor] | None = None  # partial: the posted receive of the next header
+        self.stopped = False  # STOP read
+        self.loaded_mid = 0  # partial: versions loaded between decode steps during the current step
+        if self.partial:
+            if engine is None or not hasattr(engine, "between_steps"):
+                raise ValueError(
+                    "rollout.asynchronous.partial=true: the rollout rank's engine must load versions between decode "
+                    f"steps (HFRolloutEngine.between_steps); got {type(engine).__name__}"
+                )
+            engine.between_steps = self.between_steps
 
     def _next_weights(self) -> bool:
-        """Read the next announcement: load a version (True) or STOP (False)."""
+        """Read the next announcement, waiting for it: load a version (True) or STOP (False)."""
         p = self.p
-        kind, version, _ = p.broadcast_header(0, 0)
+        if self.stopped:
+            return False
+        if self.posted is None:
+            kind, version, _ = p.broadcast_header(0, 0)
+        else:  # partial: the receive posted after the last load
+            (work, header), self.posted = self.posted, None
+            p._wait(work, p.trainer_ranks[0], "the header of the next weights")
+            kind, version = int(header[0]), int(header[1])
         if kind == STOP:
+            self.stopped = True
             return False
         buffers = empty_buffers(self.layout, p._publish_device)
         p.broadcast_tensors(buffers, f"the weights of version {version}")
         load_buffers(self.model, self.layout, [b.to(self.device) for b in buffers])
+        if self.engine is not None and self.engine.owns_weights:  # an inference copy generates: it loads them too
+            self.engine.update_weights(self.model.named_parameters())
         self.version = version
+        if self.partial:
+            header = torch.zeros(3, dtype=torch.int64, device=p._publish_device)
+            self.posted = (p.broadcast_async(header), header)
         return True
+
+    def between_steps(self) -> int:
+        """The engine's hook of partial rollouts (``HFRolloutEngine.between_steps``): load, in place, every version
+        whose header has arrived (the first trainer sent its weights with it), note a STOP (the generation then
+        finishes and the step ends unsent); returns the version loaded."""
+        while self.posted is not None and self.posted[0].is_completed():
+            if self._next_weights():
+                self.loaded_mid += 1
+        return self.version
 
     def run(self) -> None:
         p, a = self.p, self.cfg.rollout.asynchronous
@@ -239,14 +321,19 @@ class RolloutWorker:
             metrics: dict[str, float] = {}
             t1 = time.perf_counter()
             keys = [sampling_key(self.cfg.train.seed, step, r.id) for _, r in mine]
-            groups = self.draw([r for _, r in mine], keys, step, metrics)
+            version, self.loaded_mid = self.version, 0
+            groups = self.draw([r for _, r in mine], keys, step, metrics)  # partial: versions may land meanwhile
             busy = time.perf_counter() - t1
+            if self.stopped:  # partial: STOP arrived mid-generation; the trainers read nothing more
+                return
             for g in groups:
-                g.version = self.version
+                g.version = oldest_version(g.rollouts, version)
             samples = sum(len(g.rollouts) for g in groups)
             metrics["async/rollout_idle_share"] = idle / max(idle + busy, 1e-9)
             metrics["async/rollout_samples_per_s"] = samples / max(busy, 1e-9)
-            metrics["async/version"] = float(self.version)
+            metrics["async/version"] = float(version)
+            if self.partial:
+                metrics["async/partial_loads"] = float(self.loaded_mid)
             self.pending = [(w, buf) for w, buf in self.pending if not w.is_completed()]
             for t in range(M):
                 share = [(i, g) for (i, _), g in zip(mine, groups) if i % M == t]

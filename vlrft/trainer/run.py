@@ -156,7 +156,7 @@ def serve_rollouts(cfg: PolicyTrainConfig, placement: Placement) -> dict[str, An
 
     monitor = placement.watch(Path(cfg.train.output_dir) / ".liveness" / "async", cfg.strategy.heartbeat_timeout_s)
     try:
-        RolloutWorker(placement, cfg, model, draw, records, hello).run()
+        RolloutWorker(placement, cfg, model, draw, records, hello, engine).run()
     finally:
         if monitor is not None:
             monitor.stop()
