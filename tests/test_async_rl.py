@@ -117,18 +117,33 @@ def _weights(out: Path) -> dict[str, torch.Tensor]:
     return load_file(out / "final" / "model.safetensors")
 
 
+@pytest.fixture(scope="module")
+def colocated_keyed(tmp_path_factory) -> tuple[Path, dict]:
+    """The colocated single-process run with keyed sampling that lockstep runs are compared with (run once)."""
+    out = tmp_path_factory.mktemp("colocated") / "sync"
+    return out, _policy_run(out, "rollout.keyed_sampling=true")
+
+
 @pytest.mark.slow
 @pytest.mark.distributed
-def test_lockstep_equals_the_colocated_run(tmp_path):
+@pytest.mark.parametrize("copy", ["off", "on"])
+def test_lockstep_equals_the_colocated_run(tmp_path, colocated_keyed, copy):
     """max_staleness 0 with one rollout and one trainer rank (2 gloo processes) samples the same tokens and ends
     with the colocated synchronous run's weights: keyed sampling makes the tokens independent of the rank that
     samples, and a lockstep group is of the current version (no proximal recompute), so the arithmetic is the
-    same; measured: bitwise (the bound 1e-6 is the issue's)."""
-    sync = _policy_run(tmp_path / "sync", "rollout.keyed_sampling=true")
+    same; measured: bitwise (the bound 1e-6 is the issue's). ``copy``: the rollout rank's hf engine generates with an
+    inference copy (the GPU default), kept in step with every version (before the fix it sampled the initial weights
+    throughout: 6.9e-4 off)."""
+    sync_out, sync = colocated_keyed
     lock = _policy_run(
-        tmp_path / "lock", "rollout.mode=async", "rollout.asynchronous.max_staleness=0", nproc=2, port_offset=11
+        tmp_path / "lock",
+        "rollout.mode=async",
+        "rollout.asynchronous.max_staleness=0",
+        f"rollout.hf.inference_copy={copy}",
+        nproc=2,
+        port_offset=11 if copy == "off" else 13,
     )
-    a, b = _weights(tmp_path / "sync"), _weights(tmp_path / "lock")
+    a, b = _weights(sync_out), _weights(tmp_path / "lock")
     diff = max(float((a[k] - b[k]).abs().max()) for k in a)
     assert diff <= 1e-6 and diff == 0.0, diff
     assert [s["response"] for s in sync["samples"]] == [s["response"] for s in lock["samples"]]
