@@ -253,14 +253,3 @@ def test_partial_rollouts_load_the_update_mid_generation(tmp_path):
     assert sum(r["async/partial_loads"] for r in steps) >= 1
     for r in steps:
         assert r["async/tokens_at_staleness/0"] + r["async/tokens_at_staleness/1"] > 0
-
-
-@pytest.mark.slow
-@pytest.mark.distributed
-def test_without_partial_rollouts_a_sample_has_one_version(tmp_path):
-    """Partial off (the default), the same long run: versions load between steps only, one per sample, and the
-    staleness is exactly 1 after the first step."""
-    steps = _async_run(tmp_path, False, port_offset=73)
-    assert [r["async/partial_share"] for r in steps] == [0.0] * 4
-    assert [r["async/staleness_max"] for r in steps] == [0.0, 1.0, 1.0, 1.0]
-    assert all("async/partial_loads" not in r for r in steps)
