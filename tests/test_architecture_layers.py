@@ -55,7 +55,8 @@ MODULE_RANKS = {
         **dict.fromkeys(("cpu_matmul", "processing", "vision_attention", "prefix_decoding", "patch_embedding"), 0),
         "packed_attention": 1,
         "attention_functions": 2,
-        **dict.fromkeys(("packing", "loading", "tiny"), 3),
+        **dict.fromkeys(("packing", "loading", "tiny", "moe"), 3),
+        "routing_replay": 4,
     },
     "vlrft.strategies": {
         **dict.fromkeys(("registry", "process", "rng", "numerics", "blocks", "export", "weight_stream"), 0),

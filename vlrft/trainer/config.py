@@ -140,6 +140,13 @@ class AlgorithmConfig:
         "behav_imp_weight_cap; AReaL recommends 5); the token still counts in the loss's denominator; null: no cap",
         gt=1,
     )
+    router_aux_coef: Optional[float] = option(
+        None,
+        "weight of a mixture-of-experts policy's router load-balancing loss (Switch Transformer's, over the response "
+        "tokens) in the update; null: the model config's router_aux_loss_coef (0 for a dense model); > 0 on a dense "
+        "model is an error; > 0 makes the update's forward take the plain path, not the group-shared one",
+        ge=0,
+    )
 
     @property
     def estimator(self) -> AdvantageEstimator:

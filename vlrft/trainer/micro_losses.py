@@ -6,12 +6,24 @@ step sum to the global objective)."""
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Any
 
 import torch
 
 from vlrft.algorithms import aggregate_loss, compute_policy_loss, high_entropy_mask, kl_penalty, value_loss
 from vlrft.algorithms.rollout_correction import decoupled_weights, rollout_correction
+from vlrft.models.moe import (
+    RouterCall,
+    capture_routing,
+    expert_load,
+    expert_load_entropy,
+    is_moe,
+    load_balancing_loss,
+    max_expert_share,
+    router_aux_coef,
+)
+from vlrft.models.packing import shared_forward_applies
 from vlrft.trainer.experience import response_logprobs, response_values
 
 
@@ -30,11 +42,15 @@ def policy_micro_loss(
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The policy loss of micro-batch ``mb`` (``a``: the algorithm section; ``kl_coef``: the KL controller's value
     this step) and its metrics (``policy/*``, rollout correction's or decoupled PPO's ``off_policy/*``, ``kl``,
-    ``entropy``)."""
+    ``entropy``; a mixture-of-experts policy's ``moe/*`` where the forward took the plain path:
+    :func:`update_shares_prompts`)."""
+    shared = update_shares_prompts(module, mb, a, shared)
+    routing = capture_routing(module) if is_moe(module) and not shared else nullcontext(None)
     # entropy is always computed: it is the metric that shows a collapsing policy
-    logp, entropy = response_logprobs(
-        module, mb, mb["response_ids"], temperature=temperature, with_entropy=True, shared=shared, suppress=suppress
-    )
+    with routing as calls:
+        logp, entropy = response_logprobs(
+            module, mb, mb["response_ids"], temperature=temperature, with_entropy=True, shared=shared, suppress=suppress
+        )
     dev = logp.device
     mask = mb["response_mask"].to(dev)
     old = mb["old_log_probs"].to(dev) if "old_log_probs" in mb else logp.detach()
@@ -78,7 +94,54 @@ def policy_micro_loss(
         metrics["entropy"] = float(entropy.detach()[mask.bool()].mean()) if mask.any() else 0.0
         if a.entropy_coef > 0:
             loss = loss - a.entropy_coef * ent
+    if calls is not None:
+        aux, moe_metrics = _router_terms(module, calls, mb)
+        metrics.update(moe_metrics)
+        coef = router_aux_coef(module, a.router_aux_coef)
+        if coef > 0:  # this micro-batch's share of the step's tokens: the ranks' micro-batches sum to a token mean
+            loss = loss + coef * aux * (float(mask.sum()) / max(global_token_count, 1))
     return loss, metrics
+
+
+def update_shares_prompts(module: torch.nn.Module, mb: dict[str, torch.Tensor], a: Any, shared: bool) -> bool:
+    """Whether the update's forward of micro-batch ``mb`` computes each prompt once per group (``shared`` asked and
+    the model and batch allow it: ``vlrft.models.packing.shared_forward_applies``). A mixture-of-experts policy
+    whose router loss is on (``algorithm.router_aux_coef``, ``vlrft.models.moe.router_aux_coef``) takes the plain
+    path: its router logits are read there, one row per sample. A dense policy with the coefficient set > 0:
+    ConfigError."""
+    if router_aux_coef(module, a.router_aux_coef) > 0:
+        return False
+    return shared and shared_forward_applies(module, mb)
+
+
+def _router_terms(
+    module: torch.nn.Module, calls: list[RouterCall], mb: dict[str, torch.Tensor]
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The load-balancing loss (``vlrft.models.moe.load_balancing_loss``) and the expert-load metrics of the plain
+    forward's router ``calls`` over the response tokens (the tokens of ``response_mask``, at their own positions of
+    the rows ``[prompt | response | pad]``): ``moe/aux_loss``, ``moe/expert_load_entropy``, ``moe/max_expert_share``
+    (means over the MoE layers)."""
+    rows, width = mb["input_ids"].shape
+    if not calls:
+        raise ValueError(f"{type(module).__name__}: its config names experts, but no sparse MoE block routed a token")
+    if any(c.shape != (rows, width) for c in calls):
+        raise ValueError(
+            f"router calls of shapes {sorted({c.shape for c in calls})}, not the forward's {(rows, width)}"
+        )
+    mask = mb["response_mask"]
+    pos = mb["prompt_lengths"][:, None] + torch.arange(mask.shape[1])[None]  # [N, R]
+    tokens = torch.zeros(rows, width + mask.shape[1], dtype=torch.float32)
+    tokens.scatter_(1, pos, mask.float())
+    tokens = tokens[:, :width].reshape(-1)  # [N * width]
+    num_experts = calls[0].logits.shape[-1]
+    dev = calls[0].logits.device
+    aux = load_balancing_loss([c.logits for c in calls], [c.experts for c in calls], num_experts, tokens.to(dev))
+    load = torch.stack([expert_load(c.experts, num_experts, tokens) for c in calls])
+    return aux, {
+        "moe/aux_loss": float(aux.detach()),
+        "moe/expert_load_entropy": float(expert_load_entropy(load)),
+        "moe/max_expert_share": float(max_expert_share(load)),
+    }
 
 
 def _decoupled(

@@ -30,7 +30,7 @@ from vlrft.algorithms import (
 )
 from vlrft.loop import Trainer
 from vlrft.micro_batching import sequence_micro_batches
-from vlrft.models.packing import shared_forward_applies
+from vlrft.models.moe import router_aux_coef
 from vlrft.nonfinite import NonFiniteGuard
 from vlrft.rollout import SamplingParams, make_engine, stack_rollout_logprobs
 from vlrft.rollout.base import sampling_key, vision_token_ids
@@ -57,7 +57,7 @@ from vlrft.trainer.experience import (
     rollout_metrics,
 )
 from vlrft.trainer.heldout import HeldoutContext
-from vlrft.trainer.micro_losses import critic_micro_loss, policy_micro_loss
+from vlrft.trainer.micro_losses import critic_micro_loss, policy_micro_loss, update_shares_prompts
 from vlrft.trainer.teacher import Teacher, distillation_metrics
 
 
@@ -116,6 +116,7 @@ class PolicyTrainer(Trainer):
                 f"number of processes ({strategy.world_size})"
             )
         self.total_steps = total_steps or cfg.train.max_steps
+        router_aux_coef(model, cfg.algorithm.router_aux_coef)  # a router loss asked of a dense model: one line, now
         self.model, self.optimizer, self.scheduler = strategy.prepare(
             model, total_steps=self.total_steps * self._updates_per_step()
         )
@@ -325,7 +326,7 @@ class PolicyTrainer(Trainer):
         # train_batch_size is global: each rank takes its share of every mini-batch (0: the whole batch)
         mini = max(1, min(n, cfg.train.train_batch_size // s.world_size)) if cfg.train.train_batch_size else n
         micro, budget = cfg.train.micro_train_batch_size, cfg.train.micro_batch_tokens
-        packed = self.shared and shared_forward_applies(self.train_module, exp.batch)
+        packed = update_shares_prompts(self.train_module, exp.batch, cfg.algorithm, self.shared)
         cs = self.critic_strategy
         agg: dict[str, list[float]] = {}
         g = torch.Generator().manual_seed(cfg.train.seed * 7919 + self.steps_done)
