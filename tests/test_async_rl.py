@@ -421,3 +421,29 @@ def test_two_torchrun_nodes_with_a_rollout_rank_each_equal_the_colocated_fsdp2_r
         json.loads(x)["prompt_ids"] for x in (out / "data_order.jsonl").read_text().splitlines()
     ]
     print(f"two nodes, async lockstep vs colocated FSDP2: max parameter difference {diff}")
+
+
+def test_scored_groups_travel_pickled_with_their_tensors_as_bytes():
+    """The channel's pickling (placement.dumps): every CPU tensor back bitwise with its dtype (bfloat16, which numpy
+    lacks, too), shape and strides made contiguous, empty ones, in writable memory of its own; a tensor that needs
+    torch's own reduction (one that requires grad) still travels."""
+    import pickle
+
+    from vlrft.strategies.placement import dumps
+
+    sent = {
+        "ids": torch.arange(5),
+        "logprobs": torch.randn(7),
+        "empty": torch.zeros(0, 3),
+        "half": torch.randn(3, 4).bfloat16(),
+        "transposed": torch.randn(4, 2).t(),
+        "flags": torch.tensor([True, False]),
+        "leaf": torch.ones(2, requires_grad=True),
+    }
+    got = pickle.loads(dumps([sent, sent["ids"]]))
+    for key, value in sent.items():
+        back = got[0][key]
+        assert back.dtype == value.dtype and back.shape == value.shape and torch.equal(back, value.detach()), key
+    assert got[0]["leaf"].requires_grad
+    got[0]["ids"][0] = 9  # its own memory: the sender's tensor is untouched
+    assert int(sent["ids"][0]) == 0 and got[1] is got[0]["ids"]  # one tensor twice stays one (pickle's memo)

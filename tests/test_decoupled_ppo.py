@@ -268,10 +268,17 @@ def test_policy_micro_loss_decoupled_equals_compute_policy_loss_with_hand_weight
     assert plain.item() == pytest.approx(expected_plain.item(), abs=1e-6) and plain.item() != pytest.approx(loss.item())
     assert "rollout/logprob_diff_mean" in plain_metrics and "off_policy/frac_capped" not in plain_metrics
 
-    # without the engine's log-probs (or the trainer's old ones) decoupled cannot run: said, not guessed
+    # without the engine's log-probs decoupled cannot run: said, not guessed
     no_engine = {k: v for k, v in mb.items() if k != "rollout_log_probs"}
     with pytest.raises(ValueError, match="algorithm.off_policy=decoupled: the micro-batch has no rollout_log_probs"):
         policy_micro_loss(model, no_engine, a, n_tok, 3, 4, **run)
+    # in a step of one update the trainer computes no old log-probs: the proximal policy is the current one, its own
+    # log-probs detached (the policy before this update), weighed against the engine's
     no_old = {k: v for k, v in mb.items() if k != "old_log_probs"}
-    with pytest.raises(ValueError, match="algorithm.off_policy=decoupled: the micro-batch has no old_log_probs"):
-        policy_micro_loss(model, no_old, a, n_tok, 3, 4, **run)
+    single, _ = policy_micro_loss(model, no_old, a, n_tok, 3, 4, **run)
+    w1 = (logp.detach() - behav).exp()
+    w1 = torch.where(mask.bool() & (w1 <= 1.5), w1, torch.zeros_like(w1))
+    expected_single, _ = compute_policy_loss(
+        "ppo", logp, logp.detach(), adv, mask, clip_low=0.2, clip_high=0.28, is_weights=w1, global_token_count=n_tok
+    )
+    assert single.item() == pytest.approx(expected_single.item(), abs=1e-6)

@@ -19,6 +19,8 @@ split is made before any process group exists, from torchrun's own store:
 
 from __future__ import annotations
 
+import copyreg
+import io
 import os
 import pickle
 import socket
@@ -106,7 +108,7 @@ class Placement:
     def send_object(self, obj: Any, dst: int) -> list[Any]:
         """Send ``obj`` (pickled) to global rank ``dst`` without waiting; returns the pending works, which must be
         kept (with their buffers) until done."""
-        payload = torch.frombuffer(bytearray(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)), dtype=torch.uint8)
+        payload = torch.frombuffer(bytearray(dumps(obj)), dtype=torch.uint8)
         size = torch.tensor([payload.numel()], dtype=torch.int64)
         return [(self.channel.send([size], dst, 0), size), (self.channel.send([payload], dst, 1), payload)]
 
@@ -117,7 +119,7 @@ class Placement:
         self._wait(self.channel.recv([size], src, 0), src, what)
         payload = torch.empty(int(size), dtype=torch.uint8)
         self._wait(self.channel.recv([payload], src, 1), src, what)
-        return pickle.loads(payload.numpy().tobytes())
+        return pickle.loads(memoryview(payload.numpy()))
 
     # --- the publish group ------------------------------------------------------------------------------------
     def broadcast_header(self, kind: int, version: int, count: int = 0) -> tuple[int, int, int]:
@@ -161,6 +163,33 @@ class Placement:
 
     def _role(self, rank: int) -> str:
         return "rollout" if rank in self.rollout_ranks else "trainer"
+
+
+def _tensor(data: bytes, dtype: str, shape: tuple[int, ...]) -> torch.Tensor:
+    """A CPU tensor rebuilt from :func:`dumps`' bytes (its own, writable memory)."""
+    t = torch.empty(shape, dtype=getattr(torch, dtype))
+    if t.numel():
+        t.view(-1).view(torch.uint8).copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
+    return t
+
+
+def _reduce_tensor(t: torch.Tensor) -> tuple:
+    """Pickle a plain CPU tensor as its bytes, dtype and shape: a step's rollouts hold thousands of small tensors, which
+    torch's own reduction (a storage object each) pickles about 10 times slower."""
+    if t.device.type != "cpu" or t.requires_grad or t.is_sparse or t.is_quantized:
+        return t.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
+    c = t.detach().contiguous()
+    data = c.view(-1).view(torch.uint8).numpy().tobytes() if c.numel() else b""
+    return _tensor, (data, str(c.dtype).removeprefix("torch."), tuple(c.shape))
+
+
+def dumps(obj: Any) -> bytes:
+    """``obj`` pickled, its CPU tensors by :func:`_reduce_tensor` (what :meth:`Placement.send_object` sends)."""
+    buf = io.BytesIO()
+    pickler = pickle.Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL)
+    pickler.dispatch_table = {**copyreg.dispatch_table, torch.Tensor: _reduce_tensor}
+    pickler.dump(obj)
+    return buf.getvalue()
 
 
 def _nccl() -> bool:

@@ -171,21 +171,21 @@ class AsyncRollouts:
             self._wait_oldest()
 
     # ------------------------------------------------------------------------------------------------ receive
-    def receive(self, step: int, expected_ids: list[str], metrics: dict[str, float]) -> list[Any]:
-        """This trainer's groups of step ``step`` from every rollout rank, in the order of ``expected_ids`` (its share
-        of the step's prompts, as its own stream drew them)."""
+    def receive(self, step: int, records: list[Any], metrics: dict[str, float]) -> list[Any]:
+        """This trainer's groups of step ``step`` from every rollout rank, in the order of ``records`` (its share of the
+        step's prompts, as its own stream drew them; the groups come without their records, which are attached here)."""
         p = self.p
         t0 = time.perf_counter()
         messages = [p.recv_object(k, f"the rollouts of step {step + 1}") for k in p.rollout_ranks]
         wait = time.perf_counter() - t0
-        indexed = sorted((i, g) for m in messages for i, g in m["groups"])
-        groups = [g for _, g in indexed]
-        got = [g.record.id for g in groups]
-        if got != list(expected_ids) or any(m["step"] != step for m in messages):
+        indexed = sorted((x for m in messages for x in m["groups"]), key=lambda x: x[0])
+        got, want = [rid for _, rid, _ in indexed], [r.id for r in records]
+        if got != want or any(m["step"] != step for m in messages):
             raise RuntimeError(
                 f"async step {step + 1}: the rollout ranks sent prompts {got[:4]} of steps "
-                f"{sorted({m['step'] + 1 for m in messages})}, the trainer's stream drew {list(expected_ids)[:4]}"
+                f"{sorted({m['step'] + 1 for m in messages})}, the trainer's stream drew {want[:4]}"
             )
+        groups = [replace(g, record=r) for (_, _, g), r in zip(indexed, records)]
         lag = torch.tensor([float(step - g.version) for g in groups])  # a group's version: its oldest token's
         if lag.numel() and int(lag.max()) > self.max_staleness:
             raise RuntimeError(
@@ -259,6 +259,7 @@ class RolloutWorker:
         self.stream.cursor = hello["cursor"]
         self.start, self.total = hello["step"], hello["total_steps"]
         self.pending: list = []  # sends in flight (works and their buffers)
+        self.sending = {"async/rollout_send_s": 0.0, "async/message_mb": 0.0}  # the previous step's sends
         self.device = next(model.parameters()).device
         self.partial = cfg.rollout.asynchronous.partial
         self.posted: tuple[Any, torch.Tensor] | None = None  # partial: the posted receive of the next header
@@ -329,16 +330,23 @@ class RolloutWorker:
             for g in groups:
                 g.version = oldest_version(g.rollouts, version)
             samples = sum(len(g.rollouts) for g in groups)
-            metrics["async/rollout_idle_share"] = idle / max(idle + busy, 1e-9)
+            metrics.update(self.sending)
+            metrics["async/rollout_idle_share"] = idle / max(idle + busy + self.sending["async/rollout_send_s"], 1e-9)
             metrics["async/rollout_samples_per_s"] = samples / max(busy, 1e-9)
             metrics["async/version"] = float(version)
             if self.partial:
                 metrics["async/partial_loads"] = float(self.loaded_mid)
             self.pending = [(w, buf) for w, buf in self.pending if not w.is_completed()]
+            t2, sent = time.perf_counter(), 0
             for t in range(M):
-                share = [(i, g) for (i, _), g in zip(mine, groups) if i % M == t]
+                # the record itself stays home (its images): the trainer's own stream drew the same one
+                share = [(i, r.id, replace(g, record=None)) for (i, r), g in zip(mine, groups) if i % M == t]
                 msg = {"step": step, "groups": share, "metrics": metrics, "sent_at": time.time()}
-                self.pending += p.send_object(msg, p.trainer_ranks[t])
+                works = p.send_object(msg, p.trainer_ranks[t])
+                sent += sum(buf.numel() * buf.element_size() for _, buf in works)
+                self.pending += works
+            # what the trainers read with the next step's groups (this step's own figures went with them)
+            self.sending = {"async/rollout_send_s": time.perf_counter() - t2, "async/message_mb": sent / M / 2**20}
         while self._next_weights():  # versions published after the last step sampled, until STOP
             pass
 

@@ -148,13 +148,14 @@ def _decoupled(
     mb: dict[str, torch.Tensor], old: torch.Tensor, loss_mask: torch.Tensor, cap: float | None
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
     """Decoupled PPO's weights pi_prox / pi_behav (``vlrft.algorithms.rollout_correction.decoupled_weights``), loss
-    mask and metrics; ``old`` (the trainer's old log-probs, ``mb["old_log_probs"]``) is pi_prox, the clip's anchor."""
-    for key, what in (
-        ("rollout_log_probs", "the engine reported no log-probs of the sampled tokens (pi_behav)"),
-        ("old_log_probs", "the trainer computed no old log-probs (pi_prox)"),
-    ):
-        if key not in mb:
-            raise ValueError(f"algorithm.off_policy=decoupled: the micro-batch has no {key}: {what}")
+    mask and metrics; ``old`` is pi_prox, the clip's anchor: the trainer's old log-probs (``mb["old_log_probs"]``,
+    frozen at the start of a step that makes several updates) or, in a step of one update, the current policy's own,
+    detached (the policy before this update is the current one)."""
+    if "rollout_log_probs" not in mb:
+        raise ValueError(
+            "algorithm.off_policy=decoupled: the micro-batch has no rollout_log_probs: the engine reported no "
+            "log-probs of the sampled tokens (pi_behav)"
+        )
     return decoupled_weights(old, mb["rollout_log_probs"], loss_mask, cap=cap)
 
 

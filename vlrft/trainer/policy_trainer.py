@@ -186,7 +186,7 @@ class PolicyTrainer(Trainer):
         if self.async_rollouts is not None:  # the rollout ranks sampled and scored this step's groups
             records = self._next_prompts(per_rank * s.world_size)
             t0 = time.perf_counter()
-            groups = self.async_rollouts.receive(self.steps_done, [x.id for x in records], metrics)
+            groups = self.async_rollouts.receive(self.steps_done, records, metrics)
             metrics["time/rollout"] = time.perf_counter() - t0
             return self.experience_from(groups, metrics)
         sampling = self.sampling()
@@ -233,11 +233,10 @@ class PolicyTrainer(Trainer):
         response_ids, response_mask = response_tensors([x.response_ids for x in rollouts], self.pad_id, actions)
 
         t0 = time.perf_counter()
-        # one on-policy pass: the old log-probs are the current policy's own, detached; groups an older version sampled
-        # (rollout.mode=async) and the decoupled objective's proximal policy need them computed
-        current = all(g.version in (None, self.steps_done) for g in groups)
-        decoupled = a.off_policy == "decoupled"
-        on_policy_single_pass = self._updates_per_step() == 1 and current and not decoupled
+        # one update per step: the old (proximal) log-probs are the current policy's own, detached in the update's
+        # forward, also for groups an older version sampled (rollout.mode=async: the policy before this update is the
+        # proximal one; the decoupled objective weighs by it against the engine's behaviour log-probs)
+        on_policy_single_pass = self._updates_per_step() == 1
         old_logp = None if on_policy_single_pass else self._logprobs(self.model, batch, response_ids)
         metrics["time/old_logprobs"] = time.perf_counter() - t0
         t0 = time.perf_counter()
