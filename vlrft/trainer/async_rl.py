@@ -28,8 +28,8 @@ The protocol, over the channels of :mod:`vlrft.strategies.placement`:
    not reproducible (with ``max_staleness: 0`` no version can land mid-step, so lockstep stays bitwise).
 4. The trainer of step ``s`` receives its groups from every rollout rank, checks that they are the prompts its own
    stream drew and that no group is older than ``max_staleness``, and trains (:class:`AsyncRollouts` in
-   ``PolicyTrainer.make_experience``). A group sampled by an older version gets its proximal log-probs recomputed
-   (``algorithm.off_policy``: the decoupled objective weighs by proximal / behaviour).
+   ``PolicyTrainer.make_experience``). The proximal policy is the one about to be updated (its log-probs from the
+   update's own forward in a step of one update); ``algorithm.off_policy: decoupled`` weighs by proximal / behaviour.
 5. At the end, or when the trainers stop early (preemption, an error), the first trainer broadcasts ``STOP``; a rollout
    rank reads it when it next needs weights (with partial rollouts: as it arrives, then finishes the step's
    generation without sending it) and ends. Samples in flight are discarded: a resumed run samples those steps
