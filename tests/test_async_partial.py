@@ -243,6 +243,7 @@ def _async_run(out: Path, partial: bool, port_offset: int) -> list[dict]:
     return [r for r in rows if "async/staleness_max" in r]
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_partial_rollouts_load_the_update_mid_generation(tmp_path):
     """Partial on: the update of step s lands while step s + 1 generates, so some samples carry two versions; a

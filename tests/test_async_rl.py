@@ -242,6 +242,7 @@ def _rollout_rank_killed(out: Path, sig: int, port_offset: int, until: str = "")
         kill_tree(proc)
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_a_killed_rollout_rank_ends_the_run_in_one_line(tmp_path):
     """SIGKILL the rollout rank mid-run: the trainer, waiting for its rollouts or its weights' receipt, stops with one
