@@ -266,8 +266,11 @@ def test_a_stopped_rollout_rank_ends_the_run_within_the_heartbeat_timeout(tmp_pa
 
     code, err, seconds = _rollout_rank_killed(tmp_path, signal.SIGSTOP, port_offset=37, until="sent no heartbeat")
     line = next((x for x in err.splitlines() if "sent no heartbeat" in x), "")
-    assert code is None and 10 <= seconds < 40, (code, seconds, err[-3000:])
+    # the rollout rank's last heartbeat (written every second) may be up to a second older than the signal: the line
+    # comes 9-11 s after it (measured 11.0 and 9.2), within the timeout plus the watch's own second and some load
+    assert code is None and seconds < 40, (code, seconds, err[-3000:])
     assert "rank 0 (pid" in line and "strategy.heartbeat_timeout_s=10" in line, err[-3000:]
+    assert int(line.split("sent no heartbeat for ")[1].split(" s")[0]) >= 10, line
 
 
 @pytest.mark.slow
