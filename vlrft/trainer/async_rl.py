@@ -58,21 +58,8 @@ def stream_layout(model: torch.nn.Module) -> list[tuple[str, tuple[int, ...], st
     return [(name, tuple(p.shape), str(p.dtype)) for name, p in model.named_parameters()]
 
 
-def flat_buffers(
-    layout: list[tuple[str, tuple[int, ...], str]], tensors: dict[str, torch.Tensor], device: torch.device
-) -> list[torch.Tensor]:
-    """The named tensors as one flat buffer per dtype of ``layout`` (in its order), cast to the receiver's dtypes."""
-    out = []
-    for dtype in dict.fromkeys(d for _, _, d in layout):
-        parts = [
-            tensors[name].to(device=device, dtype=_DTYPES[dtype]).reshape(-1) for name, _, d in layout if d == dtype
-        ]
-        out.append(torch.cat(parts))
-    return out
-
-
 def empty_buffers(layout: list[tuple[str, tuple[int, ...], str]], device: torch.device) -> list[torch.Tensor]:
-    """Receive buffers for :func:`flat_buffers`."""
+    """One flat buffer per dtype of ``layout`` (in its order of first appearance): what a version travels as."""
     out = []
     for dtype in dict.fromkeys(d for _, _, d in layout):
         numel = sum(int(torch.Size(shape).numel()) for _, shape, d in layout if d == dtype)
@@ -80,18 +67,38 @@ def empty_buffers(layout: list[tuple[str, tuple[int, ...], str]], device: torch.
     return out
 
 
+def buffer_views(
+    layout: list[tuple[str, tuple[int, ...], str]], buffers: list[torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    """Each parameter of ``layout`` as a view of its place in :func:`empty_buffers`' buffers (in the layout's order
+    within its dtype's buffer): the one place the offsets are computed, for filling and for loading."""
+    by_dtype = dict(zip(dict.fromkeys(d for _, _, d in layout), buffers))
+    offsets = dict.fromkeys(by_dtype, 0)
+    views = {}
+    for name, shape, dtype in layout:
+        n = int(torch.Size(shape).numel())
+        views[name] = by_dtype[dtype][offsets[dtype] : offsets[dtype] + n].view(shape)
+        offsets[dtype] += n
+    return views
+
+
+@torch.no_grad()
+def flat_buffers(
+    layout: list[tuple[str, tuple[int, ...], str]], tensors: dict[str, torch.Tensor], device: torch.device
+) -> list[torch.Tensor]:
+    """The named tensors as one flat buffer per dtype of ``layout`` (in its order), cast to the receiver's dtypes."""
+    buffers = empty_buffers(layout, device)
+    for name, view in buffer_views(layout, buffers).items():
+        view.copy_(tensors[name])
+    return buffers
+
+
 @torch.no_grad()
 def load_buffers(model: torch.nn.Module, layout, buffers: list[torch.Tensor]) -> None:
     """Copy :func:`flat_buffers`' content into ``model``'s parameters."""
     params = dict(model.named_parameters())
-    for dtype, flat in zip(dict.fromkeys(d for _, _, d in layout), buffers):
-        offset = 0
-        for name, shape, d in layout:
-            if d != dtype:
-                continue
-            n = int(torch.Size(shape).numel())
-            params[name].copy_(flat[offset : offset + n].view(shape))
-            offset += n
+    for name, view in buffer_views(layout, buffers).items():
+        params[name].copy_(view)
 
 
 class AsyncRollouts:
@@ -134,12 +141,17 @@ class AsyncRollouts:
                 for _ in s.full_params():
                     pass
             return time.perf_counter() - t0
-        names = {name for name, _, _ in self.layout}
-        tensors = {name: t.detach().clone() for name, t in s.full_params() if name in names}
-        missing = sorted(names - set(tensors))
+        # each streamed tensor copied (and cast) once, straight into its place in the flat buffers
+        buffers = empty_buffers(self.layout, p._publish_device)
+        views, filled = buffer_views(self.layout, buffers), set()
+        with torch.no_grad():
+            for name, t in s.full_params():
+                if name in views:
+                    views[name].copy_(t)
+                    filled.add(name)
+        missing = sorted(set(views) - filled)
         if missing:
             raise RuntimeError(f"async weights: the trained model streams no {missing[0]!r} ({len(missing)} missing)")
-        buffers = flat_buffers(self.layout, tensors, p._publish_device)
         while len(self.pending) > self.max_staleness:
             self._wait_oldest()
         header = torch.tensor([WEIGHTS, version, len(buffers)], dtype=torch.int64, device=p._publish_device)
