@@ -79,6 +79,19 @@ def test_what_async_cannot_do_is_refused_in_one_line(overrides, message):
     assert load_config(PolicyTrainConfig, None, ["rollout.mode=async"]).rollout.asynchronous.max_staleness == 1
 
 
+# a short colour-task run's settings: the demo's task and model, 8 prompts x 4 samples a step, no evaluation but the
+# first and last on 8 held-out prompts, quiet logs
+SHORT = [
+    "train.eval_every=0",
+    "data.synthetic_eval_size=8",
+    "rollout.rollout_batch_size=8",
+    "rollout.n_samples_per_prompt=4",
+    "logging.wandb=disabled",
+    "logging.tensorboard=false",
+    "logging.progress_bar=false",
+]
+
+
 def _policy_run(out: Path, *extra: str, nproc: int = 0, port_offset: int = 0, timeout: float = 600) -> dict:
     """A short colour-task run (the embedded demo's task and tiny model, 4 steps) in ``out``; ``nproc`` > 0 runs it
     under torchrun. Returns its metrics rows, samples and data order."""
@@ -88,13 +101,7 @@ def _policy_run(out: Path, *extra: str, nproc: int = 0, port_offset: int = 0, ti
         *configs,
         f"train.output_dir={out}",
         "train.max_steps=4",
-        "train.eval_every=0",
-        "data.synthetic_eval_size=8",
-        "rollout.rollout_batch_size=8",
-        "rollout.n_samples_per_prompt=4",
-        "logging.wandb=disabled",
-        "logging.tensorboard=false",
-        "logging.progress_bar=false",
+        *SHORT,
         *[x for x in extra if "=" in x],
     ]
     import sys
@@ -328,14 +335,8 @@ def test_sigterm_to_a_lockstep_async_run_checkpoints_and_continues_bitwise(tmp_p
             "rollout.asynchronous.max_staleness=0",
             f"train.output_dir={out}",
             "train.max_steps=8",
-            "train.eval_every=0",
             "train.log_every=1",
-            "data.synthetic_eval_size=8",
-            "rollout.rollout_batch_size=8",
-            "rollout.n_samples_per_prompt=4",
-            "logging.wandb=disabled",
-            "logging.tensorboard=false",
-            "logging.progress_bar=false",
+            *SHORT,
         ]
         return torchrun("-m", "vlrft", *args, port_offset=offset)
 
@@ -391,13 +392,7 @@ def test_two_torchrun_nodes_with_a_rollout_rank_each_equal_the_colocated_fsdp2_r
     args = [
         "train-policy",
         f"train.output_dir={out}",
-        "train.eval_every=0",
-        "data.synthetic_eval_size=8",
-        "rollout.rollout_batch_size=8",
-        "rollout.n_samples_per_prompt=4",
-        "logging.wandb=disabled",
-        "logging.tensorboard=false",
-        "logging.progress_bar=false",
+        *SHORT,
         "rollout.mode=async",
         "rollout.asynchronous.rollout_ranks=2",
         "rollout.asynchronous.max_staleness=0",
