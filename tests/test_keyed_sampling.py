@@ -76,6 +76,26 @@ def test_a_rows_noise_is_the_same_alone_among_other_rows_and_on_another_call():
     assert len({round(float(x), 12) for x in together[:, 0]}) == keys.numel()
 
 
+def test_gumbel_max_over_vocabulary_slices_draws_the_tokens_of_one_argmax(monkeypatch):
+    """gumbel_max takes the vocabulary in slices (bounded memory); a slice's noise is the whole row's columns, and the
+    tokens are bitwise those of one argmax over the whole vocabulary, also where the best token sits in the last slice
+    or where a slice is all -inf."""
+    from vlrft.rollout import keyed
+
+    keys = row_keys([5, 6, 7], 3)
+    whole = keyed_uniform(keys, 2, 1000)
+    assert torch.equal(keyed_uniform(keys, 2, 1000, start=640), whole[:, 640:])
+    logp = torch.randn(9, 1000, generator=torch.Generator().manual_seed(0)).log_softmax(-1)
+    logp[0, :64] = float("-inf")  # a slice where this row can draw nothing
+    logp[1, 999] = 50.0  # the best token in the last slice
+    want = (logp.double() - torch.log(-torch.log(whole))).argmax(-1)
+    monkeypatch.setattr(keyed, "NOISE_CHUNK", 9 * 64)  # slices of 64 tokens
+    got = gumbel_max(logp, keys, 2)
+    assert torch.equal(got, want) and int(got[1]) == 999 and int(got[0]) >= 64
+    monkeypatch.setattr(keyed, "NOISE_CHUNK", 1 << 22)  # one slice
+    assert torch.equal(gumbel_max(logp, keys, 2), want)
+
+
 def test_the_sampling_key_is_a_stable_hash_of_seed_step_and_prompt_id():
     assert sampling_key(0, 1, "a") == 437785126749045565  # the same in every process (no PYTHONHASHSEED)
     digest = hashlib.blake2b(b"vlrft-sampling-key\x001234\x007\x00gsm8k/42", digest_size=8).digest()

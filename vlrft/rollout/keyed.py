@@ -53,20 +53,44 @@ def row_keys(keys: list[int], n: int, device: torch.device | str | None = None) 
     return _counter(k, j)
 
 
-def keyed_uniform(keys: torch.Tensor, position: int, vocab: int, device: torch.device | str | None = None):
-    """``[B, vocab]`` float64 uniforms in (0, 1) for rows keyed ``keys`` (``[B]`` int64, :func:`row_keys`) at decode
-    ``position`` (response tokens so far): token ``t`` of row ``b`` is the top 53 bits of
-    ``mix64(mix64(keys[b] + (position + 1) G) + (t + 1) G)``, plus a half, times 2**-53 (never 0 or 1). A pure
-    function of (key, position, token): bitwise the same for a row alone or among others, on any device."""
+def keyed_uniform(
+    keys: torch.Tensor, position: int, vocab: int, device: torch.device | str | None = None, start: int = 0
+) -> torch.Tensor:
+    """``[B, vocab - start]`` float64 uniforms in (0, 1) for rows keyed ``keys`` (``[B]`` int64, :func:`row_keys`) at
+    decode ``position`` (response tokens so far), for tokens ``start`` to ``vocab - 1``: token ``t`` of row ``b`` is
+    the top 53 bits of ``mix64(mix64(keys[b] + (position + 1) G) + (t + 1) G)``, plus a half, times 2**-53 (never 0
+    or 1). A pure function of (key, position, token): bitwise the same for a row alone or among others, for a token
+    in any slice of the vocabulary, on any device."""
     step = _counter(keys.to(device=device, dtype=torch.long), position)  # [B]
-    tokens = torch.arange(vocab, dtype=torch.long, device=step.device)
-    bits = _shr(_counter(step[:, None], tokens[None]), 11)  # [B, V] in [0, 2**53)
+    tokens = torch.arange(start, vocab, dtype=torch.long, device=step.device)
+    bits = _shr(_counter(step[:, None], tokens[None]), 11)  # [B, V - start] in [0, 2**53)
     return (bits.double() + 0.5) * 2.0**-53
+
+
+# noise values computed at once by gumbel_max: its int64 and float64 temporaries are a few times 8 bytes each, so
+# about 32 MB apiece (a whole 152k vocabulary for 512 rows would be 0.6 GB apiece, several at once)
+NOISE_CHUNK = 1 << 22
 
 
 def gumbel_max(logprobs: torch.Tensor, keys: torch.Tensor, position: int) -> torch.Tensor:
     """``[B]`` tokens drawn from ``softmax(logprobs)`` (``[B, V]``; ``-inf``: never drawn) with the keyed noise of
     ``keys`` at ``position``: ``argmax(logprobs + G)``, ``G = -log(-log U)`` (the Gumbel-max trick, module docstring),
-    in float64."""
-    u = keyed_uniform(keys, position, logprobs.shape[-1], logprobs.device)
-    return (logprobs.double() - torch.log(-torch.log(u))).argmax(-1)
+    in float64. The vocabulary is taken in slices of about ``NOISE_CHUNK`` values, each slice's best kept where it is
+    strictly better than the earlier slices' (so the first of equal maxima wins, as a single ``argmax`` does): the same
+    tokens as over the whole vocabulary at once, in bounded memory."""
+    rows, vocab = logprobs.shape
+    width = max(1, NOISE_CHUNK // max(rows, 1))
+    best_value = best_token = None
+    for start in range(0, vocab, width):
+        stop = min(vocab, start + width)
+        u = keyed_uniform(keys, position, stop, logprobs.device, start=start)
+        scores = logprobs[:, start:stop].double() - torch.log(-torch.log(u))
+        token = scores.argmax(-1)
+        value = scores.gather(-1, token[:, None]).squeeze(-1)
+        token = token + start
+        if best_value is None:
+            best_value, best_token = value, token
+        else:
+            better = value > best_value
+            best_value, best_token = torch.where(better, value, best_value), torch.where(better, token, best_token)
+    return best_token
