@@ -17,6 +17,7 @@ import torch
 from launch import SECOND_ARITHMETIC, kill_when, run_job, subprocess_env, torchrun
 from safetensors.torch import load_file
 
+from vlrft.archs import ARCHS
 from vlrft.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
@@ -96,10 +97,14 @@ def test_every_trainer_writes_final_summary_and_the_shared_metric_names(name, ti
     assert not [p for p in out.iterdir() if p.name.endswith((".tmp", ".old"))]
 
 
-def _resumes_bitwise(name: str, model: Path, tmp_path: Path, env: dict[str, str] | None = None) -> None:
+def _resumes_bitwise(
+    name: str, model: Path, tmp_path: Path, env: dict[str, str] | None = None, extra: tuple[str, ...] = ()
+) -> None:
     """An uninterrupted run and one SIGKILLed after its step-4 checkpoint then resumed end with the same weights
-    and training metrics; with ``env``, every run in its own interpreter under that environment."""
+    and training metrics; with ``env``, every run in its own interpreter under that environment; ``extra``: more
+    overrides."""
     common = ["train.max_steps=8", "train.save_every=2", "train.keep_last=2", "train.log_every=1", "train.eval_every=1"]
+    common += list(extra)
     ref, run = tmp_path / "ref", tmp_path / "killed"
     quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.PIPE}
 
@@ -151,6 +156,21 @@ def test_sigkilled_run_resumes_bitwise_under_a_second_arithmetic(name, tiny_mode
     differed; its reference log-probs are now part of the checkpoint, tests/test_sft_dpo.py). The other trainers
     share the driver and its checkpoint; kept to two for the slow suite's time."""
     _resumes_bitwise(name, tiny_model("qwen2_5_vl"), tmp_path, SECOND_ARITHMETIC)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "arch, extra",
+    [("qwen3_5", ()), ("qwen3_5_moe", ()), ("qwen3_vl_moe", ("rollout.routing_replay=true",))],
+    ids=["qwen3_5", "qwen3_5_moe", "qwen3_vl_moe-routing_replay"],
+)
+def test_sigkilled_policy_run_on_the_new_archs_resumes_bitwise(arch, extra, tiny_model, tmp_path):
+    """Issue 60: a train-policy run of Qwen3.5 (hybrid linear attention), Qwen3.5-MoE (router loss on) and
+    Qwen3-VL-MoE with rollout routing replay, SIGKILLed after its step-4 checkpoint, resumes to the uninterrupted
+    run's weights and training metrics, bitwise."""
+    if arch not in ARCHS:
+        pytest.skip(f"transformers without {arch} (5.24 has it)")
+    _resumes_bitwise("policy", tiny_model(arch), tmp_path, extra=extra)
 
 
 @pytest.mark.parametrize("command", ["train-sft", "train-dpo"])

@@ -36,16 +36,20 @@ def is_moe(model: torch.nn.Module) -> bool:
     return (getattr(_text_config(model), "num_experts", None) or 0) > 0
 
 
+def arch_name(model: torch.nn.Module) -> str:
+    """The model's ``model_type`` (through a DeepSpeed engine), else its class name: what a one-line error names."""
+    owner = getattr(model, "module", model)
+    return getattr(getattr(owner, "config", None), "model_type", None) or type(owner).__name__
+
+
 def router_aux_coef(model: torch.nn.Module, configured: float | None) -> float:
     """The weight of the router's load-balancing loss in the policy update: ``algorithm.router_aux_coef`` when set,
     else the model config's ``router_aux_loss_coef`` (0 for a dense model). Set > 0 on a dense model: ConfigError."""
     if not is_moe(model):
         if configured:
-            owner = getattr(model, "module", model)  # through a DeepSpeed engine
-            arch = getattr(getattr(owner, "config", None), "model_type", None) or type(owner).__name__
             raise ConfigError(
-                f"algorithm.router_aux_coef={configured}: the policy ({arch}) is not a mixture-of-experts model, it "
-                "has no router to balance; leave it unset or 0"
+                f"algorithm.router_aux_coef={configured}: the policy ({arch_name(model)}) is not a mixture-of-experts "
+                "model, it has no router to balance; leave it unset or 0"
             )
         return 0.0
     return float(getattr(_text_config(model), "router_aux_loss_coef", 0.0) if configured is None else configured)

@@ -101,8 +101,15 @@ def shared_forward_applies(model: torch.nn.Module, batch: dict[str, torch.Tensor
     carrying r_1's state into r_2: the block mask does not reach it), and no response holds images of its own.
     Multi-turn responses with text observations pack as any response does (their tokens continue the prompt's
     positions one by one); images that tools returned inside a response would need their own m-rope positions and
-    vision features in the packed row, which this packing does not lay out, so such batches take the plain path."""
-    if "prompt_index" not in batch or attention_kind(model) not in BLOCK_MASK_ATTENTION or recurrent_layers(model):
+    vision features in the packed row, which this packing does not lay out, so such batches take the plain path. A
+    batch carrying the rollout's experts (``batch["routing"]``, rollout routing replay) takes it too: the experts
+    are replayed in the plain rows' layout."""
+    if (
+        "prompt_index" not in batch
+        or "routing" in batch
+        or attention_kind(model) not in BLOCK_MASK_ATTENTION
+        or recurrent_layers(model)
+    ):
         return False
     return "response_images" not in batch or not bool(batch["response_images"].any())
 

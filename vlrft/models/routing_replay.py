@@ -19,7 +19,7 @@ group-shared packed rows). :func:`sequence_routing` turns the first into one sam
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -90,12 +90,27 @@ def sequence_routing(
     return out
 
 
+@dataclass
+class ReplayCount:
+    """What :func:`replay_routing` replayed: (token, layer) routings given, and of those the ones the router itself
+    would have sent to other experts (compared as sets)."""
+
+    routed: int = 0
+    flipped: int = 0
+
+    @property
+    def flip_share(self) -> float:
+        return self.flipped / max(self.routed, 1)
+
+
 @contextmanager
-def replay_routing(model: torch.nn.Module, experts: torch.Tensor) -> Iterator[None]:
+def replay_routing(model: torch.nn.Module, experts: torch.Tensor) -> Iterator[ReplayCount]:
     """Within the block, every forward of ``model`` over tokens ``[B, S]`` routes the token at ``(b, s)`` of MoE layer
     l to ``experts[b, s, l]`` (``[B, S, L, k]``; a row of :data:`NOT_RECORDED` leaves that token's routing to the
     router), weighted by the current router's softmax at those experts, renormalised: the router's weight gets its
-    gradient. Run the backward inside the block too where activation checkpointing recomputes the forward there."""
+    gradient. Run the backward inside the block too where activation checkpointing recomputes the forward there.
+    Yields the count of replayed routings and of those the router would have chosen otherwise (a recomputed forward
+    counts again)."""
     num_layers = len(moe_blocks(model))
     if experts.dim() != 4 or experts.shape[2] != num_layers:
         raise ValueError(f"replay_routing: experts of shape {tuple(experts.shape)}, not [B, S, {num_layers}, top_k]")
@@ -109,9 +124,32 @@ def replay_routing(model: torch.nn.Module, experts: torch.Tensor) -> Iterator[No
             )
         given = experts[:, :, layer].reshape(chosen.shape).to(chosen.device, torch.long)
         use = torch.where(given >= 0, given, chosen)
+        seen = given[:, 0] >= 0
+        count.routed += int(seen.sum())
+        count.flipped += int(((use.sort(-1).values != chosen.sort(-1).values).any(-1) & seen).sum())
         probs = torch.softmax(logits, dim=-1, dtype=torch.float)
         top = probs.gather(-1, use)
         return logits, (top / top.sum(dim=-1, keepdim=True)).to(logits.dtype), use
 
+    count = ReplayCount()
     with on_routing(model, replay):
-        yield
+        yield count
+
+
+def collate_routing(routings: list[torch.Tensor], width: int) -> torch.Tensor:
+    """The samples' experts (``Rollout.routing``, each ``[its length, L, k]``) as one ``[N, width, L, k]`` tensor in
+    the layout of the training rows ``[prompt | response | pad]`` (``data_pipelines.collate.collate_sequences``),
+    :data:`NOT_RECORDED` past each sample."""
+    shapes = {tuple(r.shape[1:]) for r in routings}
+    if len(shapes) != 1:
+        raise ValueError(f"routing of samples with different (layers, top_k): {sorted(shapes)}")
+    out = torch.full((len(routings), width, *shapes.pop()), NOT_RECORDED, dtype=routings[0].dtype)
+    for i, r in enumerate(routings):
+        out[i, : r.shape[0]] = r[:width]
+    return out
+
+
+def replaying(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> AbstractContextManager:
+    """:func:`replay_routing` of the batch's recorded experts (``batch["routing"]``, :func:`collate_routing`
+    trimmed with the batch) in ``model``'s forwards, or nothing where the batch carries none."""
+    return replay_routing(model, batch["routing"]) if "routing" in batch else nullcontext(None)

@@ -74,4 +74,5 @@ def make_engine(
         distributed=distributed,
         seed=seed,
         device=device,
+        routing_replay=rollout.routing_replay,
     )

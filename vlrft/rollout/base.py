@@ -143,6 +143,10 @@ class Rollout:
     # [R] int64: the policy version that drew each token, where versions change while the engine generates (partial
     # rollouts, ``rollout.asynchronous.partial``: ``HFRolloutEngine.between_steps``); None: one version drew them all
     versions: torch.Tensor | None = None
+    # [prompt length + R, L, k] int16: the experts each MoE layer routed the prompt's and the response's tokens to
+    # (rollout routing replay, ``rollout.routing_replay``; the last response token, never fed back, holds -1); None:
+    # not recorded
+    routing: torch.Tensor | None = None
 
 
 def stack_rollout_logprobs(rollouts: list[Rollout], width: int) -> torch.Tensor | None:

@@ -60,6 +60,14 @@ class RolloutConfig:
         "depend on which rank or which generate call samples a prompt (rollout.mode=async needs it; null: on under "
         "rollout.mode=async, off otherwise: today's global RNG)",
     )
+    routing_replay: bool = option(
+        False,
+        "rollout routing replay for mixture-of-experts policies (R3, arXiv 2510.11370): the hf engine records, per "
+        "token and MoE layer, the experts its routers chose, and the trainer's forwards (old, current and reference "
+        "log-probs) route those tokens to the same experts, gated by the current router so that it still learns; "
+        "hf engine only (vLLM does not return its experts), single-turn; a dense model is a config error "
+        "(docs/train-policy.md)",
+    )
     top_p: float = option(1.0, "nucleus sampling threshold", gt=0, le=1)
     top_k: int = option(0, "top-k filtering (0: off)", ge=0)
     max_new_tokens: int = option(16, "response length limit", ge=1)

@@ -82,11 +82,13 @@ def build_hf_engine(
     micro_batch_size: int = 16,
     synced: bool = False,
     device: torch.device | None = None,
+    routing_replay: bool = False,
     **_,
 ) -> HFRolloutEngine:
     """The hf engine on ``model`` (the policy) or on a copy of it (``cfg.inference_copy``). ``synced``: ``model``'s
     parameters are sharded over the ranks; ``device``: where the policy computes (by default its parameters'
-    device), which the automatic choices follow. Every switch is resolved here: a whole copy on every rank needs no
+    device), which the automatic choices follow; ``routing_replay``: each rollout carries the experts its tokens
+    were routed to (``Rollout.routing``). Every switch is resolved here: a whole copy on every rank needs no
     lockstep, and a static cache decodes only what does not generate in lockstep."""
     first = next(model.parameters())
     device = device if device is not None else first.device
@@ -100,7 +102,20 @@ def build_hf_engine(
                 f"recurrent (linear-attention) layers {recurrent_layers(model)}; use rollout.hf.compile=auto or off"
             )
         static = False
-    common = dict(micro_batch_size=micro_batch_size, static_cache=static, sleep_level=cfg.sleep_level, device=device)
+    if static and routing_replay:  # the router hooks that record the experts would not run in a captured graph
+        if cfg.compile == "on":
+            raise ConfigError(
+                "rollout.hf.compile=on: the compiled static-cache decode does not run the router hooks that "
+                "rollout.routing_replay=true records the experts with; use rollout.hf.compile=auto or off"
+            )
+        static = False
+    common = dict(
+        micro_batch_size=micro_batch_size,
+        static_cache=static,
+        sleep_level=cfg.sleep_level,
+        device=device,
+        routing_replay=routing_replay,
+    )
     if copy:
         return InferenceCopyEngine(model, processor, dtype=cfg.copy_dtype(first.dtype, device), **common)
     return HFRolloutEngine(model, processor, synced=lockstep, **common)

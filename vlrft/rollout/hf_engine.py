@@ -24,7 +24,7 @@ place, the engine's builder (``vlrft.rollout.hf``), from ``rollout.hf`` and wher
 from __future__ import annotations
 
 import dataclasses
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Callable, Iterable
 
 import torch
@@ -33,7 +33,9 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from data_pipelines.collate import EncodedPrompt, collate_prompts, tokenizer_of
 from vlrft.models.attention_functions import use_packed_attention
+from vlrft.models.moe import is_moe
 from vlrft.models.prefix_decoding import repeat_cache, share_prompt_cache
+from vlrft.models.routing_replay import record_routing, sequence_routing
 from vlrft.rollout.base import Rollout, SamplingParams, vision_token_ids
 from vlrft.rollout.keyed import gumbel_max, row_keys
 from vlrft.rollout.static_cache import StaticCaches
@@ -69,12 +71,19 @@ class HFRolloutEngine:
         static_cache: bool = False,
         sleep_level: int = 1,
         device: torch.device | None = None,
+        routing_replay: bool = False,
     ):
         """``model``: the policy, which generates (its generation config names the EOS tokens); ``device``: where
         the policy computes (by default its parameters' device). ``synced``: its parameters are sharded over the
         ranks, which then generate in lockstep. ``static_cache``: decode with a static KV cache (unsharded only),
         which ``generate`` compiles on CUDA. ``sleep_level``: whether :meth:`sleep` frees the held static caches
-        (``HFEngineConfig.sleep_level``)."""
+        (``HFEngineConfig.sleep_level``). ``routing_replay``: each rollout carries the experts every MoE layer routed
+        its prompt and response tokens to (``Rollout.routing``, ``vlrft.models.routing_replay``)."""
+        if routing_replay and static_cache:
+            raise ValueError("hf engine: routing replay records the experts in eager decode only (static_cache=False)")
+        if routing_replay and not is_moe(model):
+            raise ValueError(f"hf engine: routing replay on {type(model).__name__}, which has no experts")
+        self.routing_replay = routing_replay
         if synced and static_cache:
             raise ValueError("hf engine: a static cache decodes an unsharded model only (synced=False)")
         self.device = device if device is not None else next(model.parameters()).device
@@ -219,15 +228,29 @@ class HFRolloutEngine:
                     kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
                 if sampling.stop:
                     kwargs.update(stop_strings=list(sampling.stop), tokenizer=self.tokenizer)
-                with _root_unsharded(model):  # the prefill and generate share the root's gathered parameters
+                recording = record_routing(model) if self.routing_replay else nullcontext(None)
+                with _root_unsharded(model), recording as record:  # prefill and generate share the gathered root
                     inputs = self._inputs(batch, sampling.n, device, sampling.max_new_tokens)
                     out = model.generate(**inputs, **kwargs)
                 new = out[:, width:].cpu()
                 logps = drawn.logprobs(out) if drawn is not None and sampling.logprobs else None
                 versions = drawn.versions(out) if hook is not None else None  # [steps], the same for every row
-                for row in range(new.shape[0]):
-                    lp = logps[row] if logps is not None else None
-                    rollouts.append(self._finish(start + row // sampling.n, new[row], sampling, lp, versions))
+                made = [
+                    self._finish(
+                        start + row // sampling.n,
+                        new[row],
+                        sampling,
+                        logps[row] if logps is not None else None,
+                        versions,
+                    )
+                    for row in range(new.shape[0])
+                ]
+                if record is not None:  # [rows, width + steps, L, k] -> each sample's [prompt | response] positions
+                    lengths = [chunk[x.prompt_index - start].input_ids.numel() for x in made]
+                    routed = sequence_routing(record.take(), width, lengths, [x.response_ids.numel() for x in made])
+                    for x, experts in zip(made, routed, strict=True):
+                        x.routing = experts
+                rollouts.extend(made)
         finally:
             model.train(was_training)
         return rollouts

@@ -37,6 +37,7 @@ class InferenceCopyEngine(HFRolloutEngine):
         static_cache: bool = False,
         sleep_level: int = 1,
         device: torch.device | None = None,
+        routing_replay: bool = False,
     ):
         """``policy``: the training module (its folder is loaded, its generation config names the EOS tokens); the
         copy is held in ``dtype`` on ``device``, where the policy computes (by default its parameters' device), and
@@ -49,6 +50,7 @@ class InferenceCopyEngine(HFRolloutEngine):
             static_cache=static_cache,
             sleep_level=sleep_level,
             device=device,
+            routing_replay=routing_replay,
         )
         self.copy = load_inference_copy(policy, dtype, self.device)
         self.model = self.copy  # the module that generates

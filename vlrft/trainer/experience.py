@@ -28,6 +28,7 @@ from vlrft.models.packing import (
     shared_prompt_logits,
     shared_prompt_values,
 )
+from vlrft.models.routing_replay import replaying
 from vlrft.rollout import Rollout
 from vlrft.rollout.generation import sample_rollouts
 from vlrft.rollout.trajectories import tool_summary, turn_log
@@ -144,7 +145,7 @@ class Experience:
         width = int((b["prompt_lengths"][index] + b["response_lengths"][index]).max())
         out = {
             k: b[k][index][:, :width]
-            for k in ("input_ids", "attention_mask", "action_mask", "mm_token_type_ids")
+            for k in ("input_ids", "attention_mask", "action_mask", "mm_token_type_ids", "routing")
             if k in b
         }
         out["prompt_lengths"] = b["prompt_lengths"][index]
@@ -242,7 +243,8 @@ def infer_response_logprobs(
 
     def part_logprobs(part: dict[str, torch.Tensor]) -> torch.Tensor:
         ids = part["response_ids"]
-        return response_logprobs(model, part, ids, temperature=temperature, shared=shared, suppress=suppress)[0]
+        with replaying(model, part):  # rollout routing replay (the update replays in PolicyTrainer.train_on)
+            return response_logprobs(model, part, ids, temperature=temperature, shared=shared, suppress=suppress)[0]
 
     return _infer(model, batch, response_ids, micro_batch_size, part_logprobs)
 

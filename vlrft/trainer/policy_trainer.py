@@ -28,9 +28,11 @@ from vlrft.algorithms import (
     more_prompts_needed,
     overlong_penalty,
 )
+from vlrft.config import ConfigError
 from vlrft.loop import Trainer
 from vlrft.micro_batching import sequence_micro_batches
-from vlrft.models.moe import router_aux_coef
+from vlrft.models.moe import arch_name, is_moe, router_aux_coef
+from vlrft.models.routing_replay import collate_routing, replaying
 from vlrft.nonfinite import NonFiniteGuard
 from vlrft.rollout import SamplingParams, make_engine, stack_rollout_logprobs
 from vlrft.rollout.base import sampling_key, vision_token_ids
@@ -117,6 +119,11 @@ class PolicyTrainer(Trainer):
             )
         self.total_steps = total_steps or cfg.train.max_steps
         router_aux_coef(model, cfg.algorithm.router_aux_coef)  # a router loss asked of a dense model: one line, now
+        if r.routing_replay and not is_moe(model):
+            raise ConfigError(
+                f"rollout.routing_replay=true: {arch_name(model)} is a dense model (no experts to replay); "
+                "use routing_replay=false"
+            )
         self.model, self.optimizer, self.scheduler = strategy.prepare(
             model, total_steps=self.total_steps * self._updates_per_step()
         )
@@ -218,7 +225,9 @@ class PolicyTrainer(Trainer):
         """How the policy samples its groups; the engine reports the drawn tokens' log-probs where the decoupled
         objective weighs by them (``algorithm.off_policy``)."""
         sampling = self.cfg.rollout.sampling()
-        return replace(sampling, logprobs=True) if self.cfg.algorithm.off_policy == "decoupled" else sampling
+        # with routing replay too: rollout/logprob_diff_* then show the engine-vs-trainer gap that replay closes
+        asks = self.cfg.algorithm.off_policy == "decoupled" or self.cfg.rollout.routing_replay
+        return replace(sampling, logprobs=True) if asks else sampling
 
     def experience_from(self, groups: list[ScoredGroup], metrics: dict[str, float]) -> Experience:
         """Log-probs, shaping and advantages for this rank's scored groups (a group's position is its id)."""
@@ -229,6 +238,8 @@ class PolicyTrainer(Trainer):
         per_source_t = {k: torch.cat([g.per_source[k] for g in groups]) for k in groups[0].per_source}
         responses = [x.trajectory.response if x.trajectory is not None else x.response_ids for x in rollouts]
         batch = collate_sequences([g.prompt for g in groups], group_ids.tolist(), responses, self.pad_id)
+        if self.cfg.rollout.routing_replay:  # the experts the rollout chose, replayed by every forward of the policy
+            batch["routing"] = collate_routing([x.routing for x in rollouts], batch["input_ids"].shape[1])
         actions = [x.trajectory.action_mask if x.trajectory is not None else None for x in rollouts]
         response_ids, response_mask = response_tensors([x.response_ids for x in rollouts], self.pad_id, actions)
 
@@ -345,8 +356,11 @@ class PolicyTrainer(Trainer):
                 losses.append(0.0)
                 for k, (mb, (_, weight)) in enumerate(zip(micro_batches, parts)):
                     last = k == len(micro_batches) - 1
-                    loss, m = self._micro_loss(mb, *counts[:2])
-                    s.backward(loss * (s.world_size * weight), last_micro_batch=last)
+                    with replaying(self.train_module, mb) as replayed:  # the backward too: it may recompute
+                        loss, m = self._micro_loss(mb, *counts[:2])
+                        if replayed is not None:  # before the backward, which a recomputed forward would count
+                            m["moe/replay_flip_share"] = replayed.flip_share
+                        s.backward(loss * (s.world_size * weight), last_micro_batch=last)
                     if self.critic is not None:  # PPO's value loss, weighted by value_coef (and weight)
                         critic_loss, critic_m = critic_micro_loss(
                             self.critic_module, mb, cfg.algorithm, *counts, device=cs.device, shared=self.shared

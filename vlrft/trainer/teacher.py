@@ -115,6 +115,7 @@ class Teacher(Offloadable):
         the student is distilled to), float32 on CPU, zeros past each response (``kwargs``: ``shared``,
         ``suppress`` as for the policy's log-probs)."""
         t0 = time.perf_counter()
+        batch = {k: v for k, v in batch.items() if k != "routing"}  # the policy's experts, not the teacher's
         with self.on_device():
             out = infer_response_logprobs(
                 self.model, batch, response_ids, micro_batch_size=self.cfg.micro_batch_size, temperature=1.0, **kwargs
