@@ -22,10 +22,11 @@ a fixed chain of tokens ending with EOS after ``--short-tokens`` (k) tokens or a
 at most 91 here) make every step but the start certain, so each sample is short or long with probabilities 3/4 and
 1/4 (keyed sampling draws the start; the measured long share is printed). The reward is 0 everywhere (the colour
 verifier), so advantages are zero and, with no entropy bonus, the gradients too: the model keeps its lengths while the
-update does all its usual work. Async (1 rollout + 1 trainer rank, ``max_staleness`` 1; partial rollouts are not built
-yet) against the synchronous 2-rank FSDP2 run (``strategy.name=fsdp2``, colocated) with the same global batch, both
-with keyed sampling (async's own), so that with the weights unchanged both draw the same responses: samples per second
-(samples per step / mean ``time/step``) and their ratio (the issue's goal: >= 1.3).
+update does all its usual work. Async (1 rollout + 1 trainer rank, ``max_staleness`` 1), with and without partial
+rollouts (``rollout.asynchronous.partial``), against the synchronous 2-rank FSDP2 run (``strategy.name=fsdp2``,
+colocated) with the same global batch, all with keyed sampling (async's own), so that with the weights unchanged all
+draw the same responses: samples per second (samples per step / mean ``time/step``) and their ratios (the issue's
+goal: >= 1.3 with partial rollouts).
 
 Every process runs one torch thread (``OMP_NUM_THREADS=1``); the first ``SKIP`` steps of each run are warm-up and
 not counted. Prints the machine, the settings, the exact commands and markdown tables for docs/benchmarks.md.
@@ -64,6 +65,11 @@ COMMON = (
 )
 ASYNC = ("rollout.mode=async", "rollout.asynchronous.rollout_ranks=1", "rollout.asynchronous.max_staleness=1")
 SYNC = ("strategy.name=fsdp2", "rollout.keyed_sampling=true")  # async samples keyed: the same tokens
+RUNS_B = (  # workload B's runs: name, overrides, label
+    ("async", ASYNC, "async, 1 rollout + 1 trainer rank"),
+    ("partial", (*ASYNC, "rollout.asynchronous.partial=true"), "async with partial rollouts"),
+    ("sync", SYNC, "synchronous, 2 FSDP2 ranks"),
+)
 ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
 
@@ -259,8 +265,7 @@ def workload_b(a: argparse.Namespace, tmp: Path) -> dict:
     base = long_tailed(model, a.batch_b, a.samples_b, a.short_tokens, a.steps)
     per_step = a.batch_b * a.samples_b
     out = {"model": str(model)}
-    for name, extra in (("async", ASYNC), ("sync", SYNC)):
-        label = "async, 1 rollout + 1 trainer" if name == "async" else "sync, 2 FSDP2 ranks"
+    for name, extra, label in RUNS_B:
         rows, cmd = train_policy(f"B: {label}", tmp / f"b-{name}", [*base, *extra], nproc=2)
         rows = counted(rows)
         length = mean(rows, "response_length/mean")
@@ -268,12 +273,14 @@ def workload_b(a: argparse.Namespace, tmp: Path) -> dict:
         run = {"counted": len(rows), "step": step, "samples_per_s": per_step / step, "length": length, "cmd": cmd}
         run["long_share"] = (length - a.short_tokens) / (7 * a.short_tokens)
         run["update"] = mean(rows, "time/update")
-        if name == "async":
+        if name != "sync":
             run["rollout"] = mean(rows, lambda r: per_step / r["async/rollout_samples_per_s"])
+            run["partial_share"] = mean(rows, "async/partial_share")
         else:  # each rank samples and scores its half
             run["rollout"] = mean(rows, lambda r: r["time/rollout"] + r["time/reward"])
         out[name] = run
     out["ratio"] = out["async"]["samples_per_s"] / out["sync"]["samples_per_s"]
+    out["ratio_partial"] = out["partial"]["samples_per_s"] / out["sync"]["samples_per_s"]
     return out
 
 
@@ -303,12 +310,12 @@ def report(a: argparse.Namespace, host: str, ra: dict, rb: dict, paths: dict[str
         f"**Workload B, long-tailed**: {a.batch_b} prompts x {a.samples_b} samples, responses {a.short_tokens} or "
         f"{8 * a.short_tokens} tokens (probability 3/4 and 1/4, the script's chain model), "
         f"`rollout.max_new_tokens={8 * a.short_tokens}`, `algorithm.entropy_coef=0`; both with keyed sampling (the "
-        "same responses); partial rollouts not built.",
+        "same responses).",
         "",
         "| 2 processes | step | samples/s | rollout | update | mean response length (long share) |",
         "|---|---|---|---|---|---|",
     ]
-    for name, label in (("async", "async, 1 rollout + 1 trainer rank"), ("sync", "synchronous, 2 FSDP2 ranks")):
+    for name, _, label in RUNS_B:
         r = rb[name]
         lines.append(
             f"| {label} | {r['step']:.3f} s | {r['samples_per_s']:.1f} | {r['rollout']:.3f} s | {r['update']:.3f} s "
@@ -316,7 +323,10 @@ def report(a: argparse.Namespace, host: str, ra: dict, rb: dict, paths: dict[str
         )
     lines += [
         "",
-        f"**async / synchronous samples/s = {rb['ratio']:.2f}x** (goal >= 1.3). Rollout: async, the rollout rank's "
+        f"**async with partial rollouts / synchronous samples/s = {rb['ratio_partial']:.2f}x** (goal >= 1.3); "
+        f"async without them / synchronous {rb['ratio']:.2f}x; share of samples with tokens of two versions "
+        f"(`async/partial_share`): {rb['partial']['partial_share']:.2f} with partial rollouts. Rollout: async, "
+        "the rollout rank's "
         "busy time for the whole batch; synchronous, each rank's `time/rollout` + `time/reward` for its half.",
         "",
         "Commands (`OUT`: a run folder; `MODEL`: the chain model, written by `long_tailed_model` in the script):",
@@ -324,8 +334,7 @@ def report(a: argparse.Namespace, host: str, ra: dict, rb: dict, paths: dict[str
         "```bash",
         f"python scripts/bench_async.py {' '.join(sys.argv[1:])}".rstrip(),
         shown(ra["cmd"], 2, paths),
-        shown(rb["async"]["cmd"], 2, paths),
-        shown(rb["sync"]["cmd"], 2, paths),
+        *(shown(rb[name]["cmd"], 2, paths) for name, _, _ in RUNS_B),
         "```",
     ]
     return "\n".join(lines)
@@ -359,7 +368,8 @@ def main() -> None:
         t0 = time.perf_counter()
         ra = workload_a(a, tmp)
         rb = workload_b(a, tmp)
-        paths = {str(tmp / name): "OUT" for name in ("a-async", "b-async", "b-sync")} | {rb["model"]: "MODEL"}
+        runs = ["a-async", *(f"b-{name}" for name, _, _ in RUNS_B)]  # the folders train_policy wrote
+        paths = {str(tmp / name): "OUT" for name in runs} | {rb["model"]: "MODEL"}
         print(report(a, host, ra, rb, paths))
         print(f"\n(all runs: {time.perf_counter() - t0:.0f} s wall)")
 

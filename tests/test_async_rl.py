@@ -282,26 +282,38 @@ def test_a_stopped_rollout_rank_ends_the_run_within_the_heartbeat_timeout(tmp_pa
 
 @pytest.mark.slow
 @pytest.mark.distributed
+@pytest.mark.parametrize("partial", [False, True], ids=["whole", "partial"])
 @pytest.mark.parametrize("staleness", [1, 2])
-def test_the_colour_demo_learns_under_staleness(tmp_path, staleness):
+def test_the_colour_demo_learns_under_staleness(tmp_path, staleness, partial):
     """The embedded demo (no config) with one rollout and one trainer rank and samples 1 or 2 updates old
-    (algorithm.off_policy none, verl's one-step off-policy): held-out accuracy >= 0.95 at steps 100, 125 and 150, where
-    the synchronous run with keyed sampling reached 1.0 at step 125 (0.75 at 100): within 1.25 x its steps. Measured
-    (AMD EPYC): staleness 1 and 2 both 0.25 / 0.75 (0.25 at 50 for staleness 1) / 0.75 / 1.0 from step 100."""
+    (algorithm.off_policy none, verl's one-step off-policy): held-out accuracy >= 0.95 at steps 125 and 150, where
+    the synchronous run with keyed sampling reached 1.0 at step 125 (0.75 at 100): within 1.25 x its steps (156).
+
+    ``partial``: partial rollouts, with the step's prompts generated one at a time
+    (``rollout.micro_rollout_batch_size=1``): the demo's answers are one token, so a version can land only between two
+    generate calls, and without the split the rollout rank almost always finishes its step before the next version is
+    published (1 and 9 loads in 150 steps measured). With staleness 2 the test asserts that versions did land mid-step
+    (``async/partial_loads``). When a version lands depends on timing, so a partial run is not reproducible, and its
+    learning is asserted only past the demo's 0.75 plateau (>= 0.75 at steps 100, 125, 150; 0.0 at step 0): alone on
+    the machine (AMD EPYC; Intel Xeon) every partial run of seed 0 reached 1.0 by step 100, but with two runs at once
+    (Intel Xeon, 2026-12-02) versions landed 37-68 times and 1 of 6 runs at staleness 2 stayed at 0.75 to step 150
+    (the others reached 1.0 at step 75, 100 or 125), and a CI run stood at 0.75 at step 75 (docs/async.md)."""
     out = tmp_path / "run"
+    split = ["rollout.asynchronous.partial=true", "rollout.micro_rollout_batch_size=1"] if partial else []
     cmd = torchrun(
         "-m",
         "vlrft",
         "train-policy",
         "rollout.mode=async",
         f"rollout.asynchronous.max_staleness={staleness}",
+        *split,
         f"train.output_dir={out}",
         "train.max_steps=150",
         "logging.progress_bar=false",
         "logging.wandb=disabled",
         "logging.tensorboard=false",
         nproc=2,
-        port_offset=50 + staleness,
+        port_offset=50 + staleness + 2 * partial,
     )
     res = run_job(cmd, env=subprocess_env(), timeout=900)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-6000:]
@@ -309,7 +321,15 @@ def test_the_colour_demo_learns_under_staleness(tmp_path, staleness):
     evals = {r["step"]: r["eval/accuracy"] for r in rows if "eval/accuracy" in r}
     stale = [r["async/staleness_max"] for r in rows if "async/staleness_max" in r]
     assert max(stale) == staleness, stale[:5]
-    assert all(evals[s] >= 0.95 for s in (100, 125, 150)), evals
+    loads = sum(r.get("async/partial_loads", 0) for r in rows)
+    # with staleness 2 the rollout rank starts a step with the version before the newest, so the newest lands while
+    # it samples (109 loads in 150 steps measured); with staleness 1 only when its step outlasts the trainer's (5)
+    if not partial:
+        assert loads == 0, loads
+    elif staleness == 2:
+        assert loads > 0, loads
+    bound = 0.75 if partial else 0.95
+    assert evals[0] == 0.0 and all(evals[s] >= bound for s in (100, 125, 150) if partial or s > 100), evals
     assert "alarm" not in res.stdout, res.stdout[-3000:]
 
 

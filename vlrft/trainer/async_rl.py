@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import collections
 import time
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -84,12 +85,23 @@ def buffer_views(
 
 @torch.no_grad()
 def flat_buffers(
-    layout: list[tuple[str, tuple[int, ...], str]], tensors: dict[str, torch.Tensor], device: torch.device
+    layout: list[tuple[str, tuple[int, ...], str]],
+    tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
+    device: torch.device,
 ) -> list[torch.Tensor]:
-    """The named tensors as one flat buffer per dtype of ``layout`` (in its order), cast to the receiver's dtypes."""
+    """The named tensors as one flat buffer per dtype of ``layout`` (in its order), cast to the receiver's dtypes.
+    ``tensors``: a mapping, or a stream of ``(name, tensor)`` (``Strategy.full_params()``: each tensor is copied, and
+    cast, once, straight into its place, as it streams); names outside ``layout`` are passed over, a name of ``layout``
+    that never comes is a ``RuntimeError``."""
     buffers = empty_buffers(layout, device)
-    for name, view in buffer_views(layout, buffers).items():
-        view.copy_(tensors[name])
+    views, filled = buffer_views(layout, buffers), set()
+    for name, t in tensors.items() if isinstance(tensors, Mapping) else tensors:
+        if name in views:
+            views[name].copy_(t)
+            filled.add(name)
+    missing = sorted(set(views) - filled)
+    if missing:
+        raise RuntimeError(f"async weights: the trained model streams no {missing[0]!r} ({len(missing)} missing)")
     return buffers
 
 
@@ -141,17 +153,7 @@ class AsyncRollouts:
                 for _ in s.full_params():
                     pass
             return time.perf_counter() - t0
-        # each streamed tensor copied (and cast) once, straight into its place in the flat buffers
-        buffers = empty_buffers(self.layout, p._publish_device)
-        views, filled = buffer_views(self.layout, buffers), set()
-        with torch.no_grad():
-            for name, t in s.full_params():
-                if name in views:
-                    views[name].copy_(t)
-                    filled.add(name)
-        missing = sorted(set(views) - filled)
-        if missing:
-            raise RuntimeError(f"async weights: the trained model streams no {missing[0]!r} ({len(missing)} missing)")
+        buffers = flat_buffers(self.layout, s.full_params(), p._publish_device)
         while len(self.pending) > self.max_staleness:
             self._wait_oldest()
         header = torch.tensor([WEIGHTS, version, len(buffers)], dtype=torch.int64, device=p._publish_device)
