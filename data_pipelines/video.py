@@ -337,22 +337,30 @@ class QwenVideoProcessor:
                 VideoMetadata(total_num_frames=video.total_frames, fps=video.fps, frames_indices=list(video.indices))
             )
         data = {
-            "pixel_values_videos": np.concatenate(rows).astype(np.float32),
+            "pixel_values_videos": np.concatenate(rows) if len(rows) > 1 else rows[0],
             "video_grid_thw": np.asarray(grids, dtype=np.int64),
             "video_metadata": out_meta,
         }
         return BatchFeature(data, tensor_type=return_tensors, skip_tensor_conversion=["video_metadata"])
 
     def pixels(self, video: Video) -> tuple[np.ndarray, list[int]]:
-        """``(rows, [grid_t, grid_h, grid_w])`` of a loaded video, float64: rescaled, normalised, patchified."""
-        x = np.stack([np.asarray(im, dtype=np.float64) for im in video.frames])  # [T, H, W, C]
-        x = (x * self.rescale_factor - self.image_mean) / self.image_std
-        x = x.transpose(0, 3, 1, 2)
-        rows = patchify(
-            x, patch_size=self.patch_size, merge_size=self.merge_size, temporal_patch_size=self.temporal_patch_size
-        )
-        t = -(-x.shape[0] // self.temporal_patch_size)
-        return rows, [t, x.shape[2] // self.patch_size, x.shape[3] // self.patch_size]
+        """``(rows, [grid_t, grid_h, grid_w])`` of a loaded video: rescaled and normalised in float64, patchified, and
+        stored as float32. One temporal patch of frames at a time (the rows are ordered by temporal grid first), so
+        the float64 work is never more than a patch's frames: the same values as converting the whole video at once,
+        in about the output's own memory."""
+        tp, p = self.temporal_patch_size, self.patch_size
+        frames = list(video.frames) + [video.frames[-1]] * (-len(video.frames) % tp)  # an odd count: the last again
+        w, h = frames[0].size
+        t = len(frames) // tp
+        per_patch = (h // p) * (w // p)
+        rows = np.empty((t * per_patch, 3 * tp * p * p), dtype=np.float32)
+        for g in range(t):
+            x = np.stack([np.asarray(im, dtype=np.float64) for im in frames[g * tp : (g + 1) * tp]])  # [tp, H, W, C]
+            x = ((x * self.rescale_factor - self.image_mean) / self.image_std).transpose(0, 3, 1, 2)
+            rows[g * per_patch : (g + 1) * per_patch] = patchify(
+                x, patch_size=p, merge_size=self.merge_size, temporal_patch_size=tp
+            )
+        return rows, [t, h // p, w // p]
 
     def _video(self, item: Any, meta: Any, settings: dict[str, Any]) -> Video:
         if isinstance(item, (str, Path)) or (isinstance(item, list) and item and isinstance(item[0], (str, Path))):
