@@ -214,3 +214,16 @@ def test_lora_reaches_qwen3_5s_linear_attention_projections(tiny_model):
     strategy.prepare(load_model(tiny_model("qwen3_5"))[0], total_steps=1)
     adapted = {n.split(".")[-2] for n, _ in strategy.unwrap().named_modules() if n.endswith("lora_A")}
     assert {"in_proj_qkv", "in_proj_z", "out_proj", "q_proj", "o_proj", "down_proj"} <= adapted, adapted
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", NEW)
+def test_train_sft_learns_the_colour_task(arch, tiny_model, tmp_path):
+    """Learning proof (issue 60): train-sft's embedded defaults (colour demonstrations, 60 steps) on each new tiny
+    architecture take held-out greedy accuracy from <= 0.3 to >= 0.95 (measured: 0.0 -> 1.0 on all three, nll 6.97
+    -> ~0.01, 17-19 s each on a 2-core Xeon)."""
+    out = tmp_path / "sft"
+    assert main(["train-sft", f"model.path={tiny_model(arch)}", f"train.output_dir={out}", *QUIET]) == 0
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    evals = {r["step"]: r["eval/accuracy"] for r in rows if "eval/accuracy" in r}
+    assert evals[0] <= 0.3 and evals[60] >= 0.95, evals
