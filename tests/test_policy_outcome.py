@@ -88,3 +88,23 @@ def test_on_collapse_rollback_restores_the_checkpoint_before_it_lowers_the_lr_an
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     assert rows[1]["train/lr"] == 1e-3 and abs(rows[2]["train/lr"] - 2.5e-4) < 1e-12, rows
     assert json.loads((out / "final" / "summary.json").read_text())["steps"] == 2  # the healthy run's export, kept
+
+
+def test_a_rollback_never_restores_a_checkpoint_an_earlier_rollback_restored(tmp_path):
+    """The target is the newest complete checkpoint before the collapse began; one already restored (which collapsed
+    again) is passed over for the one before it (measured on an Intel Xeon: restoring step 60 twice collapsed twice,
+    docs/train-policy.md)."""
+    from types import SimpleNamespace
+
+    from vlrft.checkpoints import checkpoint_dir
+    from vlrft.outcome import CollapsePolicy
+
+    complete = [checkpoint_dir(tmp_path, s) for s in (40, 50, 60, 70)]
+    policy = CollapsePolicy(SimpleNamespace(on_collapse="rollback"))
+    assert policy.target(complete, 65) == complete[2]  # step 60
+    policy.rollbacks.append({"at_step": 69, "collapse_from": 65, "to_step": 60})
+    assert policy.target(complete, 70) == complete[1]  # not 60 again: 50
+    assert policy.target(complete, 75) == complete[3]  # a newer checkpoint was never restored: 70
+    policy.rollbacks.append({"at_step": 74, "collapse_from": 70, "to_step": 50})
+    assert policy.target(complete, 62) == complete[0] and policy.target(complete, 45) == complete[0]
+    assert policy.target(complete, 40) is None

@@ -5,7 +5,10 @@ the four colours) by step 30, then collapses onto one colour for good: one answe
 mixed outcomes, held-out 0.25 from step 50 to the end of a 200-step run (measured: the alarm at steps 53-55 and
 from 84 on). With
 ``rollback`` the run goes back to its step-40 checkpoint at the alarm (step 53), halves the learning rate and keeps
-its 0.5 at every later evaluation; without, it never gets back. Two 80-step runs: 102 s alone on this 2-core CPU."""
+its 0.5 at every later evaluation; without, it never gets back. On an Intel Xeon it collapses later (the alarm at
+69, since 65, with held-out already 0.25 at step 60): rollback 1 to step 60 collapsed again, rollback 2 (a checkpoint
+is restored at most once) went to step 50 and the run ended at 0.5 (docs/train-policy.md). Two 80-step runs: 102 s
+alone on this 2-core CPU."""
 
 from __future__ import annotations
 

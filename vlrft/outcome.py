@@ -106,8 +106,12 @@ class CollapsePolicy:
 
     def target(self, complete: list[Path], begin: int) -> Path | None:
         """The newest of the ``complete`` checkpoints (oldest first) from before step ``begin`` (the collapse's first
-        step), or None."""
-        before = [p for p in complete if checkpoint_step(p) < begin]
+        step) that no earlier rollback restored, or None. A restored checkpoint that collapsed again is already on
+        the way to the collapse (its held-out value may have fallen before the alarm's window began): restoring it
+        once more at a lower rate collapsed again on an Intel Xeon (the rollback proof, docs/train-policy.md), so the
+        next rollback goes to the checkpoint before it."""
+        restored = {r["to_step"] for r in self.rollbacks}
+        before = [p for p in complete if checkpoint_step(p) < begin and checkpoint_step(p) not in restored]
         return before[-1] if before else None
 
     def state_dict(self) -> dict[str, Any]:
