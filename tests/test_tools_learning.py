@@ -10,9 +10,9 @@ engine:
    answers at once: held-out 0.25 (chance), the starting point of RL.
 3. ``train-policy configs/policy/zoom_tools.yaml`` (GRPO with the zoom tool, 100 steps, strict reward of the final
    answer, -0.5 for each malformed call): the sampled call rate and right-region rate rise from about 0.2 to 1.0 and
-   the held-out accuracy with tools from 0.25 to >= 0.9 (measured 1.0 from step 50 on hf, from 25 on vllm); the same
-   models with the tools' answers withheld (each zoom answered by a blank image of its size) are never more than 0.1
-   above chance, and within 0.1 of it from step 50: the answer comes from what the tool showed.
+   the held-out accuracy with tools from 0.25 to >= 0.9 (measured 1.0 from step 25 on hf); the same models with the
+   tools' answers withheld (each zoom answered by a blank image of its size) are never more than 0.1 above chance:
+   the answer comes from what the tool showed.
 
 ``lessons`` is shared with the vLLM suite's proof (tests/test_vllm_tools.py), which runs stage 3 on the vllm engine.
 Slow: about 8, 1 and 7 minutes on this 2-core CPU when it is quiet.
@@ -94,10 +94,10 @@ def check_rl_learns_when_and_where_to_zoom(result: dict) -> dict:
     assert with_tools[0] <= 0.4, figures  # and RL starts there: chance (measured 0.25 on hf and on vllm)
     late = [a for step, a in with_tools.items() if step >= LATE]  # not the last evaluation alone
     assert len(late) >= 3 and min(late) >= 0.9, figures  # measured 1.0 at 50-100 (hf: 0.66 at 25)
-    # the answer is the tool's: never above chance without it, and at chance once learned (a policy mid-way may not
-    # answer at all when its zoom shows a blank: measured on vllm at step 25, format 0, accuracy 0.0)
+    # the answer is the tool's: never above chance without it. One-sided: shown a blank zoom, a policy may answer
+    # nothing at all (format 0, accuracy 0.0: measured on vllm at step 25, with AMD seed 2 at step 50, on an Intel
+    # Xeon at steps 75-100), which is no reading of the image either (docs/tools.md)
     assert all(a <= 0.25 + 0.1 for a in withheld.values()), figures
-    assert all(abs(a - 0.25) <= 0.1 for step, a in withheld.items() if step >= LATE), figures
     assert figures["tools/call_rate"][0] <= 0.5 and figures["tools/call_rate"][1] >= 0.9, figures
     assert figures["reward/right_region"][1] >= 0.9, figures
     return figures

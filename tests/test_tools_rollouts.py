@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -169,6 +170,16 @@ def test_unknown_tools_budgets_turn_limits_and_withheld_answers_end_as_documente
     assert all(x.finish_reason == "budget" and x.response_ids.numel() <= 30 for x in short)
     tiny = _run(policy, ToolsConfig(names=["zoom"], max_turns=3, max_tokens=10), n=2)[2]
     assert all(x.finish_reason == "budget" and x.response_ids.numel() == 10 for x in tiny)  # cut mid-turn
+    # a call cut before its turn ended is a failed call, counted (tools.error_reward): never cheaper than a
+    # malformed call that ends its turn (an RL policy learnt to dodge the penalty by never closing its turns)
+    cut = _run(policy, ToolsConfig(names=["zoom"], max_turns=3), n=2, sampling=replace(GREEDY, max_new_tokens=8))[2]
+    for x in (*tiny, *cut):
+        assert x.text.startswith("<tool_call>") and "</tool_call>" not in x.text, x.text
+        assert x.trajectory.errors == {"malformed": 1} and x.trajectory.calls == {}, x.trajectory.turns
+        assert x.trajectory.turns[-1]["calls"] == [
+            {"error": "malformed", "message": "a <tool_call> without its </tool_call>"}
+        ]
+    assert all(x.finish_reason == "length" for x in cut)
 
 
 def test_tools_that_cannot_load_are_one_line_before_the_run(hostile, tmp_path, capsys):

@@ -137,8 +137,9 @@ class TrajectoryRunner:
         t.text = x.text
         ended = x.response_ids.numel() > 0 and int(x.response_ids[-1]) == self.end_id
         calls = parse_tool_calls(x.text)
-        if not ended:  # cut by the turn's or the trajectory's length: no call is read from a cut turn
+        if not ended:  # cut by the turn's or the trajectory's length: no call of a cut turn runs
             t.finish = x.finish_reason if x.finish_reason in ("budget", "length") else "length"
+            self._cut_calls(t, calls)
             return False
         if not calls:
             t.finish = "stop"
@@ -154,6 +155,21 @@ class TrajectoryRunner:
         ]
         t.turns[-1]["pending"] = calls
         return True
+
+    @staticmethod
+    def _cut_calls(t: _Open, calls: list[ToolCall | CallError]) -> None:
+        """The calls of a turn cut before its end are failed calls, each counted (``tools.error_reward``) and
+        logged: a ``<tool_call>`` left open (``parse_tool_calls`` reads it as one malformed call) or one that never
+        ran because its turn did not end. Uncounted, a policy learnt to dodge the penalty of a malformed call by
+        never closing the turn: 32 repeated ``<tool_call>`` tags cut at the length limit scored 0 where a malformed
+        call ending its turn scored -0.5 (docs/tools.md)."""
+        failed = [
+            c if isinstance(c, CallError) else CallError("malformed", "its turn was cut before it ended", c.name)
+            for c in calls
+        ]
+        for c in failed:
+            t.errors[c.kind] += 1
+        t.turns[-1]["calls"] = [{"error": c.kind, "message": c.message} for c in failed]
 
     def _run_calls(self, trajs: list[_Open], calling: list[int]) -> dict[int, list[ToolResult | CallError]]:
         jobs: list[tuple[int, int, Any]] = []
