@@ -282,8 +282,9 @@ def test_a_stopped_rollout_rank_ends_the_run_within_the_heartbeat_timeout(tmp_pa
 
 @pytest.mark.slow
 @pytest.mark.distributed
-@pytest.mark.parametrize("partial", [False, True], ids=["whole", "partial"])
-@pytest.mark.parametrize("staleness", [1, 2])
+# verl's one-step off-policy with whole rollouts; two versions behind with partial rollouts (both measured at staleness
+# 1 and 2 on 2026-12-02, docs/async.md; the slow suite keeps these two of the four runs)
+@pytest.mark.parametrize("staleness, partial", [(1, False), (2, True)], ids=["1-whole", "2-partial"])
 def test_the_colour_demo_learns_under_staleness(tmp_path, staleness, partial):
     """The embedded demo (no config) with one rollout and one trainer rank and samples 1 or 2 updates old
     (algorithm.off_policy none, verl's one-step off-policy): held-out accuracy >= 0.95 at steps 125 and 150, where

@@ -213,10 +213,13 @@ def single_updates(tiny_model, tmp_path_factory):
     return get
 
 
-@pytest.mark.slow  # nine torchrun jobs of 20-40 s each
+@pytest.mark.slow  # six torchrun jobs of 15-40 s each
 @pytest.mark.distributed
-@pytest.mark.parametrize("strategy, stage", [("fsdp2", "2"), ("deepspeed", "3")])
-@pytest.mark.parametrize("arch", NEW_ARCHS)
+@pytest.mark.parametrize(
+    "arch, strategy, stage",
+    # each arch once, each strategy on an MoE model (all six pairs measured on 2026-12-02, docs/tiny-models.md)
+    [("qwen3_5", "fsdp2", "2"), ("qwen3_5_moe", "deepspeed", "3"), ("qwen3_vl_moe", "fsdp2", "2")],
+)
 def test_new_archs_on_two_ranks_equal_one_process(tiny_model, tmp_path, single_updates, arch, strategy, stage):
     """Qwen3.5 (hybrid linear attention), Qwen3.5-MoE and Qwen3-VL-MoE (issue 60): FSDP2 and DeepSpeed ZeRO-3 on two
     gloo ranks make the one-process update within the bound of :func:`test_two_ranks_equal_one_process` (Adam eps
