@@ -4,7 +4,7 @@ zoomed view of its (lighter) quadrant. A tiny random Qwen3-VL (hidden 128, Qwen'
 engine:
 
 1. ``train-sft configs/sft/zoom_tools.yaml``: demonstrations that all zoom into the right quadrant, then name the
-   colour (800 steps): the call's format, where to look and how to read the zoomed mark. Held-out 1.0.
+   colour (400 steps): the call's format, where to look and how to read the zoomed mark. Held-out 1.0.
 2. ``train-sft configs/sft/zoom_tools_rarely.yaml``: 50 steps on records of which only 15 % of the demonstrations
    zoom (the others answer at once, a guess): a policy that can use the tool but rarely chooses to. Greedy, it
    answers at once: held-out 0.25 (chance), the starting point of RL.
@@ -15,7 +15,7 @@ engine:
    the answer comes from what the tool showed.
 
 ``lessons`` is shared with the vLLM suite's proof (tests/test_vllm_tools.py), which runs stage 3 on the vllm engine.
-Slow: about 5 minutes, 20 s and 3 minutes on a 2-core Intel Xeon when it is quiet.
+Slow: about 3.5 minutes, 20 s and 3 minutes on a 2-core Intel Xeon when it is quiet.
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ REGION = f"{{name: right_region, kind: function, function: '{REPO}/examples/tool
 REGION += ", weight: 0.0, isolation: inline}"
 SOURCES = "reward.sources=[{name: accuracy, kind: verifier, verifier: vocab_answer}, " + REGION + "]"
 
-# three stages in one test: about 9 minutes beside the slow suite on a 2-core Intel Xeon (16 on the AMD EPYC before
-# the RL stage was cut to 60 steps), more on a slower machine (pyproject's 900 s is the limit of one test elsewhere)
+# three stages in one test: about 11 minutes beside the slow suite on a 2-core Intel Xeon before stage 1 was cut to
+# 400 steps (16 on the AMD EPYC before the RL stage was cut to 60 steps), more on a slower machine (pyproject's 900 s is the limit of one test elsewhere)
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2700)]
 
 
@@ -42,12 +42,14 @@ def _summary(run: Path) -> dict:
     return json.loads((run / "summary.json").read_text())
 
 
-def lessons(tmp_path: Path, *rl_overrides: str, base: Path | None = None, same_engine: bool = True) -> dict:
+def lessons(
+    tmp_path: Path, *rl_overrides: str, base: Path | None = None, same_engine: bool = True, sft: tuple[str, ...] = ()
+) -> dict:
     """The three stages from ``base`` (a model folder; the config's tiny Qwen3-VL when None; ``same_engine``: RL
-    evaluates with the hf engine, as the SFT stages do). Returns the two SFT held-out accuracies and RL's metrics
-    rows."""
+    evaluates with the hf engine, as the SFT stages do; ``sft``: overrides of stage 1). Returns the two SFT held-out
+    accuracies and RL's metrics rows."""
     first, rarely, rl = tmp_path / "sft", tmp_path / "sft-rarely", tmp_path / "rl"
-    cmd = ["train-sft", str(REPO / "configs" / "sft" / "zoom_tools.yaml"), f"train.output_dir={first}"]
+    cmd = ["train-sft", str(REPO / "configs" / "sft" / "zoom_tools.yaml"), f"train.output_dir={first}", *sft]
     assert main([*cmd, *([f"model.path={base}"] if base else []), *QUIET]) == 0
     cmd = ["train-sft", str(REPO / "configs" / "sft" / "zoom_tools_rarely.yaml"), f"model.path={first / 'final'}"]
     assert main([*cmd, f"train.output_dir={rarely}", *QUIET]) == 0

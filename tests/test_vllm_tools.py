@@ -103,13 +103,13 @@ def test_grpo_on_the_vllm_engine_learns_when_and_where_to_zoom(tiny_model, tmp_p
     GRPO's trajectories sampled by the colocated vllm engine, weights sent to it after every update: a tiny
     Qwen3-VL of head_dim 64 (hidden 128, 2 heads; vLLM's CPU attention takes no less). Same bars as on hf."""
     base = tiny_model("qwen3_vl", hidden=128, heads=2, kv_heads=2, tool_tokens=True)
-    # stage 1 is the config's (800 steps; at its former lr 3e-3 this model needed 1200 and still stuck at seed 1:
-    # docs/tools.md)
-    result = lessons(tmp_path, "rollout.engine=vllm", base=base, same_engine=False)
+    # stage 1 as measured on this model: 800 steps (the config's until 2026-12-03, now 400 for the hf proof; at its
+    # former lr 3e-3 this model needed 1200 and still stuck at seed 1: docs/tools.md)
+    result = lessons(tmp_path, "rollout.engine=vllm", base=base, same_engine=False, sft=("train.max_steps=800",))
     check_rl_learns_when_and_where_to_zoom(result)
     gaps = [r["rollout/logprob_diff_max"] for r in result["rows"] if "rollout/logprob_diff_max" in r]
     print(f"vLLM's sampled log-probs against the trainer's, largest gap per step: max {max(gaps):.3g}")
-    assert len(gaps) >= 90  # each step's trajectories came from vLLM, with their log-probs
+    assert len(gaps) >= 55  # each of the 60 steps' trajectories came from vLLM, with their log-probs
     # float32 on both sides, vLLM's kernels against transformers', after every weight sync. The single-turn bound
     # (1e-4) is for random tiny policies, whose logits are O(1); float32 rounding is relative to the logits, and a
     # trained policy (entropy 0.005 here) has logits about ten times larger, hence 1e-3 (measured 3.0e-5 at most,
