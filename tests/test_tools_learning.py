@@ -34,7 +34,7 @@ REGION += ", weight: 0.0, isolation: inline}"
 SOURCES = "reward.sources=[{name: accuracy, kind: verifier, verifier: vocab_answer}, " + REGION + "]"
 
 # three stages in one test: about 11 minutes beside the slow suite on a 2-core Intel Xeon before stage 1 was cut to
-# 400 steps (16 on the AMD EPYC before the RL stage was cut to 60 steps), more on a slower machine (pyproject's 900 s is the limit of one test elsewhere)
+# 400 steps, about 7.5 now; more on a slower machine (pyproject's 900 s is the limit of one test elsewhere)
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2700)]
 
 
