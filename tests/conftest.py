@@ -228,7 +228,7 @@ def tool_policy(tmp_path_factory) -> Path:
         str(REPO / "configs" / "sft" / "zoom_tools.yaml"),
         f"train.output_dir={out}",
         "train.max_steps=60",
-        "optim.lr=3e-3",  # the config's 1e-3 after 50 warm-up steps is for its 800 steps; 60 at 3e-3 learn the format
+        "optim.lr=3e-3",  # the config's 1e-3 after 50 warm-up steps is for its 400 steps; 60 at 3e-3 learn the format
         "optim.warmup_steps=0",
         "train.eval_every=0",
         "data.synthetic_train_size=256",
