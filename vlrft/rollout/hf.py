@@ -73,6 +73,22 @@ class HFEngineConfig:
         return self.compile == "on" or (self.compile == "auto" and device.type == "cuda" and copy)
 
 
+def _static_cache_blocked(model: torch.nn.Module, routing_replay: bool) -> str | None:
+    """Why the static-cache decode cannot serve ``model`` (then ``compile=auto`` decodes eagerly and ``on`` is refused
+    with this reason), or None."""
+    if recurrent_layers(model):  # the static cache holds keys and values only, not recurrent states
+        return (
+            "the static-cache decode holds keys and values only, and this model has recurrent (linear-attention) "
+            f"layers {recurrent_layers(model)}"
+        )
+    if routing_replay:  # the router hooks that record the experts would not run in a captured graph
+        return (
+            "the compiled static-cache decode does not run the router hooks that rollout.routing_replay=true records "
+            "the experts with"
+        )
+    return None
+
+
 @register_engine(DEFAULT_ENGINE, "batched generate on the policy itself")  # a config that names no engine
 def build_hf_engine(
     cfg: HFEngineConfig,
@@ -95,19 +111,10 @@ def build_hf_engine(
     copy = cfg.wants_copy(synced, device)
     lockstep = synced and not copy
     static = cfg.wants_static_cache(copy, device) and not lockstep
-    if static and recurrent_layers(model):  # the static cache holds keys and values only, not recurrent states
+    why = _static_cache_blocked(model, routing_replay) if static else None
+    if why:
         if cfg.compile == "on":
-            raise ConfigError(
-                "rollout.hf.compile=on: the static-cache decode holds keys and values only, and this model has "
-                f"recurrent (linear-attention) layers {recurrent_layers(model)}; use rollout.hf.compile=auto or off"
-            )
-        static = False
-    if static and routing_replay:  # the router hooks that record the experts would not run in a captured graph
-        if cfg.compile == "on":
-            raise ConfigError(
-                "rollout.hf.compile=on: the compiled static-cache decode does not run the router hooks that "
-                "rollout.routing_replay=true records the experts with; use rollout.hf.compile=auto or off"
-            )
+            raise ConfigError(f"rollout.hf.compile=on: {why}; use rollout.hf.compile=auto or off")
         static = False
     common = dict(
         micro_batch_size=micro_batch_size,

@@ -63,6 +63,13 @@ def _withheld(result: ToolResult) -> ToolResult:
     return ToolResult("", [Image.new("RGB", im.size, (128, 128, 128)) for im in result.images])
 
 
+def _call_log(call: ToolCall | CallError) -> dict[str, Any]:
+    """A call as a turn's log keeps it: its name and arguments, or its error."""
+    if isinstance(call, ToolCall):
+        return {"name": call.name, "arguments": call.arguments}
+    return {"error": call.kind, "message": call.message}
+
+
 class TrajectoryRunner:
     """Runs trajectories for an engine and a processor with a run's tools (``box``). ``withheld``: the same prompts,
     calls and turns, but each tool's answer is withheld: its images are replaced by blank (mid-grey) images of the
@@ -147,12 +154,7 @@ class TrajectoryRunner:
         if turn == self.cfg.max_turns:
             t.finish = "max_turns"
             return False
-        t.turns[-1]["calls"] = [
-            {"name": c.name, "arguments": c.arguments}
-            if isinstance(c, ToolCall)
-            else {"error": c.kind, "message": c.message}
-            for c in calls
-        ]
+        t.turns[-1]["calls"] = [_call_log(c) for c in calls]
         t.turns[-1]["pending"] = calls
         return True
 
@@ -169,7 +171,7 @@ class TrajectoryRunner:
         ]
         for c in failed:
             t.errors[c.kind] += 1
-        t.turns[-1]["calls"] = [{"error": c.kind, "message": c.message} for c in failed]
+        t.turns[-1]["calls"] = [_call_log(c) for c in failed]
 
     def _run_calls(self, trajs: list[_Open], calling: list[int]) -> dict[int, list[ToolResult | CallError]]:
         jobs: list[tuple[int, int, Any]] = []
