@@ -25,14 +25,23 @@ from typing import Any
 import torch
 from PIL import Image
 
-from data_pipelines.collate import EncodedPrompt, image_outputs, processor_image_kwargs, tokenizer_of, types_of
+from data_pipelines.collate import (
+    EncodedPrompt,
+    cat_media,
+    image_outputs,
+    processor_image_kwargs,
+    tokenizer_of,
+    types_of,
+    video_outputs,
+)
 from data_pipelines.errors import DataError
 from data_pipelines.formatting import build_messages, user_content
 from data_pipelines.images import load_image
-from data_pipelines.readers import collect, required_text
-from data_pipelines.records import IMAGE_PLACEHOLDER, PreferencePair, PromptRecord
+from data_pipelines.readers import collect, required_text, video_list
+from data_pipelines.records import IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER, PreferencePair, PromptRecord
 from data_pipelines.sources import open_rows
 from data_pipelines.templates import render
+from data_pipelines.video import checked_video, counting_videos
 
 IGNORE_INDEX = -100
 ROLES = ("system", "user", "assistant", "tool")
@@ -52,6 +61,10 @@ class ChatRecord:
     @property
     def images(self) -> list[Any]:
         return [c["image"] for m in self.messages for c in m["content"] if c.get("type") == "image"]
+
+    @property
+    def videos(self) -> list[Any]:
+        return [c["video"] for m in self.messages for c in m["content"] if c.get("type") == "video"]
 
 
 @dataclass
@@ -78,21 +91,47 @@ def pair_conversations(
     pair: PreferencePair, *, system_prompt: str | None = None, prompt_template: str | None = None
 ) -> tuple[ChatRecord, ChatRecord]:
     """The (chosen, rejected) conversations of a preference pair (same prompt, same images)."""
-    prompt = PromptRecord(pair.id, pair.prompt, list(pair.images), task=pair.task, system=pair.system)
+    prompt = PromptRecord(
+        pair.id, pair.prompt, list(pair.images), task=pair.task, system=pair.system, videos=list(pair.videos)
+    )
     kw = {"system_prompt": system_prompt, "prompt_template": prompt_template}
     return chat_from_prompt(prompt, pair.chosen, **kw), chat_from_prompt(prompt, pair.rejected, **kw)
 
 
-def normalise_messages(messages: Any, images: list[Any], image_kwargs: dict[str, Any] | None = None) -> list[dict]:
-    """Messages as the chat template wants them (content lists, PIL images), checked.
+def normalise_messages(
+    messages: Any, images: list[Any], image_kwargs: dict[str, Any] | None = None, videos: list[Any] = ()
+) -> list[dict]:
+    """Messages as the chat template wants them (content lists, PIL images, checked video paths), checked.
 
-    String contents may hold ``<image>`` placeholders, filled from ``images`` in order across turns;
-    ``{"type": "image"}`` parts without an ``image`` take the next of ``images`` too. Raises
-    :class:`~data_pipelines.errors.DataError` naming the message for a bad role, content or image count.
+    String contents may hold ``<image>`` and ``<video>`` placeholders, filled from ``images`` and ``videos`` in
+    order across turns; ``{"type": "image"}`` / ``{"type": "video"}`` parts without their item take the next one
+    too. Videos are checked by their headers (relative paths start at ``image_kwargs["base_dir"]``). Raises
+    :class:`~data_pipelines.errors.DataError` naming the message for a bad role, content or item count.
     """
     if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
         raise DataError("want a non-empty list of {role, content} messages", category="wrong type", field="messages")
-    pool = list(images)
+    base_dir = (image_kwargs or {}).get("base_dir")
+    pools = {"image": list(images), "video": list(videos)}
+    marks = {"image": IMAGE_PLACEHOLDER, "video": VIDEO_PLACEHOLDER}
+
+    def take(kind: str, n: int, where: str) -> list[Any]:
+        if n > len(pools[kind]):
+            raise DataError(
+                f"{n} {marks[kind]} placeholder(s) but only {len(pools[kind])} {kind}(s) left",
+                category="placeholder mismatch",
+                field=where,
+            )
+        taken, pools[kind] = pools[kind][:n], pools[kind][n:]
+        return taken
+
+    def item(kind: str, src: Any, where: str) -> Any:
+        if kind == "image":
+            return src if isinstance(src, Image.Image) else load_image(src, **(image_kwargs or {}))
+        try:
+            return checked_video(src, base_dir=base_dir)
+        except DataError as err:
+            raise err.located(field=where)
+
     out = []
     for i, m in enumerate(messages):
         where = f"messages[{i}]"
@@ -102,34 +141,32 @@ def normalise_messages(messages: Any, images: list[Any], image_kwargs: dict[str,
         if role == "system" and i:
             raise DataError("a system message must come first", category="bad role", field=where)
         if isinstance(content, str):
-            n = content.count(IMAGE_PLACEHOLDER)
-            if n > len(pool):
-                raise DataError(
-                    f"{n} {IMAGE_PLACEHOLDER} placeholder(s) but only {len(pool)} image(s) left",
-                    category="placeholder mismatch",
-                    field=where,
-                )
-            taken, pool = pool[:n], pool[n:]
-            parts = user_content(content, taken, image_kwargs) if n else [{"type": "text", "text": content}]
+            counts = {kind: content.count(mark) for kind, mark in marks.items()}
+            if any(counts.values()):
+                taken = {kind: take(kind, n, where) for kind, n in counts.items()}
+                vids = [item("video", v, where) for v in taken["video"]]
+                parts = user_content(content, taken["image"], image_kwargs, vids)
+            else:
+                parts = [{"type": "text", "text": content}]
         elif isinstance(content, list):
             parts = []
             for part in content:
                 kind = part.get("type") if isinstance(part, dict) else None
                 if kind == "text" and isinstance(part.get("text"), str):
                     parts.append({"type": "text", "text": part["text"]})
-                elif kind == "image":
-                    if part.get("image") is None and not pool:
-                        raise DataError("an image part without an image", category="missing image", field=where)
-                    src = part["image"] if part.get("image") is not None else pool.pop(0)
-                    im = src if isinstance(src, Image.Image) else load_image(src, **(image_kwargs or {}))
-                    parts.append({"type": "image", "image": im})
+                elif kind in marks:
+                    if part.get(kind) is None and not pools[kind]:
+                        raise DataError(f"an {kind} part without an {kind}", category=f"missing {kind}", field=where)
+                    src = part[kind] if part.get(kind) is not None else pools[kind].pop(0)
+                    parts.append({"type": kind, kind: item(kind, src, where)})
                 else:
                     raise DataError(f"unknown content part {part!r:.80}", category="wrong type", field=where)
         else:
             raise DataError(f"content must be text or a list of parts, got {type(content).__name__}", field=where)
         out.append({"role": role, "content": parts})
-    if pool:
-        raise DataError(f"{len(pool)} image(s) not referenced by any message", category="placeholder mismatch")
+    for kind, left in pools.items():
+        if left:
+            raise DataError(f"{len(left)} {kind}(s) not referenced by any message", category="placeholder mismatch")
     if not any(m["role"] == "assistant" for m in out):
         raise DataError("no assistant turn to learn from", category="no assistant turn", field="messages")
     return out
@@ -147,10 +184,12 @@ def encode_chat(
     cut would drop targets or split an image's tokens).
     """
     text_only = getattr(processor, "image_processor", None) is None
-    if text_only and record.images:
-        raise DataError(f"{len(record.images)} image(s) but the model is text-only", field="messages").located(
-            source=record.id
-        )
+    for name in ("images", "videos"):
+        if text_only and getattr(record, name):
+            n = len(getattr(record, name))
+            raise DataError(f"{n} {name[:-1]}(s) but the model is text-only", field="messages").located(
+                source=record.id
+            )
     enc = render(processor, record.messages, tools=tools, add_generation_prompt=False, tokenize=True)
     ids = enc["input_ids"][0].long()
     if max_length is not None and ids.numel() > max_length:
@@ -163,7 +202,8 @@ def encode_chat(
     for i, m in enumerate(record.messages):
         if m["role"] != "assistant":
             continue
-        prefix = render(processor, record.messages[:i], tools=tools, add_generation_prompt=True, tokenize=True)
+        with counting_videos(processor):  # only the prefix's ids are read: its videos are counted, not decoded
+            prefix = render(processor, record.messages[:i], tools=tools, add_generation_prompt=True, tokenize=True)
         prefix = prefix["input_ids"][0]
         start = prefix.numel()
         if start > ids.numel() or not torch.equal(ids[:start], prefix.long()):
@@ -175,7 +215,10 @@ def encode_chat(
         ends = (ids[start:] == end_id).nonzero()
         stop = start + int(ends[0]) + 1 if ends.numel() else ids.numel()
         labels[start:stop] = ids[start:stop]
-    return EncodedChat(ids, *image_outputs(enc), record.images, types_of(enc), labels=labels)
+    media = video_outputs(enc)
+    return EncodedChat(
+        ids, *image_outputs(enc), record.images, types_of(enc), videos=record.videos, **media, labels=labels
+    )
 
 
 def collate_chats(chats: list[EncodedChat], pad_token_id: int) -> dict[str, torch.Tensor]:
@@ -192,21 +235,18 @@ def collate_chats(chats: list[EncodedChat], pad_token_id: int) -> dict[str, torc
         ids[i, :k], attn[i, :k], labels[i, :k] = c.input_ids, 1, c.labels
         if c.mm_token_type_ids is not None:
             types[i, :k] = c.mm_token_type_ids
-    out = {"input_ids": ids, "attention_mask": attn, "labels": labels}
-    with_images = [c for c in chats if c.pixel_values is not None]
-    if with_images:
-        out["pixel_values"] = torch.cat([c.pixel_values for c in with_images])
-        out["image_grid_thw"] = torch.cat([c.image_grid_thw for c in with_images])
+    out = {"input_ids": ids, "attention_mask": attn, "labels": labels, **cat_media(chats)}
     if any(c.mm_token_type_ids is not None for c in chats):
         out["mm_token_type_ids"] = types
     return out
 
 
 def chat_record_from_row(row: dict[str, Any], default_id: str, image_kwargs: dict[str, Any] | None) -> ChatRecord:
-    """One row: ``messages`` (+ optional ``images``), or ``prompt`` + ``response``/``answer`` (+ ``images``,
-    ``system``)."""
+    """One row: ``messages`` (+ optional ``images``, ``videos``), or ``prompt`` + ``response``/``answer`` (+ ``images``,
+    ``videos``, ``system``)."""
     images = row.get("images", row.get("image")) or []
     images = images if isinstance(images, list) else [images]
+    videos = video_list(row.get("videos", row.get("video")))
     rid = str(row.get("id") or default_id)
     if "messages" in row:
         messages = row["messages"]
@@ -216,14 +256,16 @@ def chat_record_from_row(row: dict[str, Any], default_id: str, image_kwargs: dic
         messages = ([{"role": "system", "content": row["system"]}] if row.get("system") else []) + [
             {
                 "role": "user",
-                "content": prompt if IMAGE_PLACEHOLDER in prompt else IMAGE_PLACEHOLDER * len(images) + prompt,
+                "content": (IMAGE_PLACEHOLDER * len(images) if IMAGE_PLACEHOLDER not in prompt else "")
+                + (VIDEO_PLACEHOLDER * len(videos) if VIDEO_PLACEHOLDER not in prompt else "")
+                + prompt,
             },
             {"role": "assistant", "content": response},
         ]
-    known = {"id", "messages", "images", "image", "prompt", "response", "system", "task", "answer"}
+    known = {"id", "messages", "images", "image", "videos", "video", "prompt", "response", "system", "task", "answer"}
     return ChatRecord(
         rid,
-        normalise_messages(messages, images, image_kwargs),
+        normalise_messages(messages, images, image_kwargs, videos),
         task=str(row.get("task") or "default"),
         answer=None if row.get("answer") is None else str(row["answer"]),
         metadata={k: v for k, v in row.items() if k not in known},

@@ -29,9 +29,29 @@ from data_pipelines.images import image_bounds
 from data_pipelines.templates import render
 
 
+@dataclass(frozen=True)
+class Modality:
+    """One kind of visual input as the model takes it: its pixel rows, its grid rows (one per item), the batch
+    key counting each sample's items, and per-item values that travel with the grid (Qwen2.5-VL's seconds per
+    temporal grid)."""
+
+    pixels: str
+    grid: str
+    per_sample: str
+    token: str  # the placeholder token the processor repeats for each item's features
+    per_item: tuple[str, ...] = ()
+
+
+IMAGES = Modality("pixel_values", "image_grid_thw", "images_per_sample", "<|image_pad|>")
+VIDEOS = Modality(
+    "pixel_values_videos", "video_grid_thw", "videos_per_sample", "<|video_pad|>", ("second_per_grid_ts",)
+)
+MODALITIES = (IMAGES, VIDEOS)
+
+
 @dataclass
 class EncodedPrompt:
-    """One prompt after chat formatting and image preprocessing."""
+    """One prompt after chat formatting and image (and video) preprocessing."""
 
     input_ids: torch.Tensor  # [L] int64, no padding
     pixel_values: torch.Tensor | None = None  # [patches, dim] for all of the prompt's images
@@ -43,10 +63,28 @@ class EncodedPrompt:
     mm_token_type_ids: torch.Tensor | None = None
     # the chat messages rendered (images as PIL parts), where a multi-turn rollout continues the conversation
     messages: list[dict[str, Any]] | None = None
+    pixel_values_videos: torch.Tensor | None = None  # [patches, dim] for all of the prompt's videos
+    video_grid_thw: torch.Tensor | None = None  # [videos, 3]
+    second_per_grid_ts: torch.Tensor | None = None  # [videos] (Qwen2.5-VL's processor; None for the others)
+    videos: list[Any] = field(default_factory=list)  # the videos as given (paths or frame lists), in prompt order
 
     @property
     def num_images(self) -> int:
         return 0 if self.image_grid_thw is None else int(self.image_grid_thw.shape[0])
+
+    @property
+    def num_videos(self) -> int:
+        return 0 if self.video_grid_thw is None else int(self.video_grid_thw.shape[0])
+
+    def media(self) -> dict[str, torch.Tensor]:
+        """The prompt's visual tensors by model keyword (images, videos and their per-item values; {} for none)."""
+        out = {}
+        for m in MODALITIES:
+            if getattr(self, m.pixels) is not None:
+                for key in (m.pixels, m.grid, *m.per_item):
+                    if getattr(self, key) is not None:
+                        out[key] = getattr(self, key)
+        return out
 
 
 def tokenizer_of(processor: Any) -> Any:
@@ -71,6 +109,17 @@ def image_outputs(enc: Any) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     return pixel_values, (enc.get("image_grid_thw") if pixel_values is not None else None)
 
 
+def video_outputs(enc: Any) -> dict[str, torch.Tensor]:
+    """The video fields of one processor output as :class:`EncodedPrompt` keywords ({} without videos)."""
+    pixels = enc.get("pixel_values_videos")
+    if pixels is None or pixels.shape[0] == 0:
+        return {}
+    out = {"pixel_values_videos": pixels, "video_grid_thw": enc["video_grid_thw"]}
+    if enc.get("second_per_grid_ts") is not None:
+        out["second_per_grid_ts"] = torch.as_tensor(enc["second_per_grid_ts"], dtype=torch.float32).reshape(-1)
+    return out
+
+
 def types_of(enc: Any) -> torch.Tensor | None:
     """The processor's ``mm_token_type_ids`` of its one sequence ([L] int64; None for a text tokenizer)."""
     types = enc.get("mm_token_type_ids")
@@ -90,14 +139,17 @@ def encode_prompt(
     with ``image_kwargs`` (default: the processor's own bounds, :func:`processor_image_kwargs`); ``tools``: the
     schemas of the tools the policy may call, listed in the system turn (``data_pipelines.templates.render``)."""
     text_only = getattr(processor, "image_processor", None) is None
-    if text_only and record.images:
-        raise ValueError(f"record {record.id!r} has {len(record.images)} image(s) but the model is text-only")
+    for name in ("images", "videos"):
+        if text_only and getattr(record, name, ()):
+            n = len(getattr(record, name))
+            raise ValueError(f"record {record.id!r} has {n} {name[:-1]}(s) but the model is text-only")
     if image_kwargs is None:
         image_kwargs = processor_image_kwargs(processor)
     messages = build_messages(
         record, system_prompt=system_prompt, prompt_template=prompt_template, image_kwargs=image_kwargs
     )
     images = [c["image"] for m in messages for c in m["content"] if c.get("type") == "image"]
+    videos = [c["video"] for m in messages for c in m["content"] if c.get("type") == "video"]
     enc = render(processor, messages, tools=tools, add_generation_prompt=True, tokenize=True)
     return EncodedPrompt(
         enc["input_ids"][0].long(),
@@ -105,17 +157,23 @@ def encode_prompt(
         images=images,
         mm_token_type_ids=types_of(enc),
         messages=messages,
+        videos=videos,
+        **video_outputs(enc),
     )
 
 
-def _cat_images(pieces: list[EncodedPrompt]) -> dict[str, torch.Tensor]:
-    with_images = [p for p in pieces if p.pixel_values is not None]
-    if not with_images:
-        return {}
-    return {
-        "pixel_values": torch.cat([p.pixel_values for p in with_images]),
-        "image_grid_thw": torch.cat([p.image_grid_thw for p in with_images]),
-    }
+def cat_media(pieces: list[EncodedPrompt]) -> dict[str, torch.Tensor]:
+    """The pieces' images and videos joined in order, by model keyword ({} when none has any)."""
+    out = {}
+    for m in MODALITIES:
+        have = [p for p in pieces if getattr(p, m.pixels) is not None]
+        if have:
+            out[m.pixels] = torch.cat([getattr(p, m.pixels) for p in have])
+            out[m.grid] = torch.cat([getattr(p, m.grid) for p in have])
+            for key in m.per_item:
+                if any(getattr(p, key) is not None for p in have):
+                    out[key] = torch.cat([getattr(p, key) for p in have])
+    return out
 
 
 def collate_prompts(prompts: list[EncodedPrompt], pad_token_id: int) -> dict[str, torch.Tensor]:
@@ -127,7 +185,7 @@ def collate_prompts(prompts: list[EncodedPrompt], pad_token_id: int) -> dict[str
         n = p.input_ids.numel()
         ids[i, width - n :] = p.input_ids
         mask[i, width - n :] = 1
-    out = {"input_ids": ids, "attention_mask": mask, **_cat_images(prompts)}
+    out = {"input_ids": ids, "attention_mask": mask, **cat_media(prompts)}
     if any(p.mm_token_type_ids is not None for p in prompts):
         types = torch.zeros((len(prompts), width), dtype=torch.long)
         for i, p in enumerate(prompts):
@@ -149,8 +207,9 @@ def collate_sequences(
     trajectory whose tools returned images: its ids, their pixels and image marks). Returns ``input_ids``,
     ``attention_mask``, ``action_mask`` (1 on response tokens, aligned with ``input_ids``), ``prompt_index`` [N],
     ``prompt_lengths`` [N], ``response_lengths`` [N], ``images_per_sample`` [N] (prompt and response images),
-    ``response_images`` [N] and the samples' images (``pixel_values``, ``image_grid_thw`` in sample order: each
-    sample's prompt images then its response's), with ``mm_token_type_ids``.
+    ``videos_per_sample`` [N] (the prompt's), ``response_images`` [N] and the samples' images (``pixel_values``,
+    ``image_grid_thw`` in sample order: each sample's prompt images then its response's) and videos
+    (``pixel_values_videos``, ``video_grid_thw``, Qwen2.5-VL's ``second_per_grid_ts``), with ``mm_token_type_ids``.
     """
     if len(prompt_index) != len(responses):
         raise ValueError(f"{len(prompt_index)} prompt indices for {len(responses)} responses")
@@ -175,8 +234,9 @@ def collate_sequences(
         "prompt_lengths": torch.tensor([prompts[j].input_ids.numel() for j in prompt_index]),
         "response_lengths": torch.tensor([r.input_ids.numel() for r in pieces]),
         "images_per_sample": torch.tensor([prompts[j].num_images + r.num_images for j, r in zip(prompt_index, pieces)]),
+        "videos_per_sample": torch.tensor([prompts[j].num_videos for j in prompt_index]),
         "response_images": torch.tensor([r.num_images for r in pieces]),
-        **_cat_images([x for j, r in zip(prompt_index, pieces) for x in (prompts[j], r)]),
+        **cat_media([x for j, r in zip(prompt_index, pieces) for x in (prompts[j], r)]),
     }
     marked = [prompts[j].mm_token_type_ids is not None for j in prompt_index] + [
         r.mm_token_type_ids is not None for r in pieces
@@ -193,8 +253,10 @@ def collate_sequences(
     return out
 
 
-# mm_token_type_ids: transformers 5's Qwen-VL models need it for the m-rope positions of image tokens.
-MODEL_INPUT_KEYS = ("input_ids", "attention_mask", "pixel_values", "image_grid_thw", "mm_token_type_ids")
+# mm_token_type_ids: transformers 5's Qwen-VL models need it for the m-rope positions of image and video tokens.
+MODEL_INPUT_KEYS = ("input_ids", "attention_mask", "mm_token_type_ids") + tuple(
+    key for m in MODALITIES for key in (m.pixels, m.grid, *m.per_item)
+)
 
 
 def model_inputs(batch: dict[str, torch.Tensor], device: torch.device | str | None = None) -> dict[str, torch.Tensor]:

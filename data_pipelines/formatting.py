@@ -1,8 +1,9 @@
 """Chat formatting: records as Qwen-VL chat messages, with optional system prompt and prompt template.
 
 ``build_messages(record)`` returns ``[{"role": "system", ...}?, {"role": "user", "content": [...]}]``
-where the user content lists ``{"type": "image", "image": PIL.Image}`` and ``{"type": "text", "text": ...}``
-items in the order of the record's ``<image>`` placeholders (images first when it has none). The list
+where the user content lists ``{"type": "image", "image": PIL.Image}``, ``{"type": "video", "video": path}`` and
+``{"type": "text", "text": ...}`` items in the order of the record's ``<image>``/``<video>`` placeholders (a kind
+with none goes first). The list
 goes straight into ``processor.apply_chat_template``; a text-only Qwen tokenizer's template wants
 string contents, which :func:`text_only_messages` makes from the same list. A prompt template is a
 format string with ``{prompt}`` or a name in ``PROMPT_TEMPLATES``; it wraps the prompt text,
@@ -21,7 +22,7 @@ from typing import Any
 from PIL import Image
 
 from data_pipelines.images import load_image
-from data_pipelines.records import IMAGE_PLACEHOLDER, JudgmentRecord, PromptRecord
+from data_pipelines.records import IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER, JudgmentRecord, PromptRecord
 
 # Instruction suffixes as the peers use them (EasyR1's math template, verl's GSM8K instruction).
 PROMPT_TEMPLATES: dict[str, str] = {
@@ -70,19 +71,29 @@ def apply_template(prompt: str, prompt_template: str | None) -> str:
     return resolve_template(prompt_template).format(prompt=prompt)
 
 
-def user_content(text: str, images: list[Any], image_kwargs: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    """Content items for ``text`` with ``<image>`` placeholders (or images first when it has none)."""
+def user_content(
+    text: str, images: list[Any], image_kwargs: dict[str, Any] | None = None, videos: list[Any] = ()
+) -> list[dict[str, Any]]:
+    """Content items for ``text`` with ``<image>`` and ``<video>`` placeholders; a kind without placeholders goes
+    before the text (images, then videos). Videos stay as given (a path or a frame list, decoded when the processor
+    encodes them: ``{"type": "video", "video": ...}``)."""
     pil = [im if isinstance(im, Image.Image) else load_image(im, **(image_kwargs or {})) for im in images]
-    pieces = text.split(IMAGE_PLACEHOLDER)
-    if len(pieces) == 1:  # no placeholders: images first, then the text
-        return [{"type": "image", "image": im} for im in pil] + [{"type": "text", "text": text}]
-    if len(pieces) - 1 != len(pil):
-        raise ValueError(f"prompt has {len(pieces) - 1} {IMAGE_PLACEHOLDER} placeholders but {len(pil)} images")
+    items = {IMAGE_PLACEHOLDER: [{"type": "image", "image": im} for im in pil]}
+    items[VIDEO_PLACEHOLDER] = [{"type": "video", "video": v} for v in videos]
+    pieces = re.split(f"({re.escape(IMAGE_PLACEHOLDER)}|{re.escape(VIDEO_PLACEHOLDER)})", text)
     content: list[dict[str, Any]] = []
-    for i, piece in enumerate(pieces):
-        if i:
-            content.append({"type": "image", "image": pil[i - 1]})
-        if piece:
+    for mark, parts in items.items():
+        slots = pieces.count(mark)
+        if not slots:  # no placeholders of this kind: its items first
+            content += parts
+            items[mark] = []
+        elif slots != len(parts):
+            kind = "images" if mark == IMAGE_PLACEHOLDER else "videos"
+            raise ValueError(f"prompt has {slots} {mark} placeholders but {len(parts)} {kind}")
+    for piece in pieces:
+        if piece in items:
+            content.append(items[piece].pop(0))
+        elif piece:
             content.append({"type": "text", "text": piece})
     return content
 
@@ -106,7 +117,8 @@ def build_messages(
     if system:
         messages.append({"role": "system", "content": [{"type": "text", "text": system}]})
     text = apply_template(record.prompt, prompt_template)
-    messages.append({"role": "user", "content": user_content(text, list(record.images), image_kwargs)})
+    videos = list(getattr(record, "videos", ()))
+    messages.append({"role": "user", "content": user_content(text, list(record.images), image_kwargs, videos)})
     if response is not None:
         messages.append({"role": "assistant", "content": [{"type": "text", "text": response}]})
     return messages
@@ -150,6 +162,7 @@ def pointwise_judgment_record(
         id=f"{record.id}/{response}",
         prompt=judgment_prompt(record.prompt, response, template),
         images=record.images,
+        videos=record.videos,
         target=judge_target(verdict, rationale),
         task=record.task,
         system=system,
@@ -178,6 +191,7 @@ def pairwise_judgment_record(
         id=f"{record.id}/{a}|{b}",
         prompt=pairwise_prompt(record.prompt, a, b, template),
         images=record.images,
+        videos=record.videos,
         target=judge_target(verdict, rationale),
         task=record.task,
         system=system,
@@ -199,6 +213,7 @@ def judgment_as_prompt(record: JudgmentRecord) -> PromptRecord:
         id=record.id,
         prompt=record.prompt,
         images=list(record.images),
+        videos=list(record.videos),
         answer=verdict,
         task=record.task,
         system=record.system,

@@ -28,8 +28,16 @@ from data_pipelines.images import (
     IMAGE_FACTOR,
     load_image,
 )
-from data_pipelines.records import IMAGE_PLACEHOLDER, JudgmentRecord, PreferencePair, PromptRecord, unread_fields
+from data_pipelines.records import (
+    IMAGE_PLACEHOLDER,
+    VIDEO_PLACEHOLDER,
+    JudgmentRecord,
+    PreferencePair,
+    PromptRecord,
+    unread_fields,
+)
 from data_pipelines.sources import open_rows
+from data_pipelines.video import checked_video, counting_videos
 
 logger = logging.getLogger("data_pipelines")
 
@@ -38,7 +46,7 @@ RECORD_TYPES = {"prompt": PromptRecord, "preference": PreferencePair, "judgment"
 # Required text fields per kind; each must be a non-empty string.
 REQUIRED = {"prompt": ("prompt",), "preference": ("prompt", "chosen", "rejected"), "judgment": ("prompt", "target")}
 # Column names read as a field when the field's own column is absent (an explicit column_map wins).
-ALIASES = {"problem": "prompt", "question": "prompt", "image": "images"}
+ALIASES = {"problem": "prompt", "question": "prompt", "image": "images", "video": "videos"}
 ON_BAD_RECORD = ("error", "skip")
 
 
@@ -101,8 +109,10 @@ def read_records(
 
     ``column_map`` maps source columns to record fields (``{"problem": "prompt"}``); unmapped columns
     that are not fields go to ``metadata``. Relative image paths start at ``image_root`` (default: the
-    source file's folder). With ``load_images`` each image becomes an RGB ``PIL.Image`` resized within
-    ``min_pixels``/``max_pixels`` with sides multiples of ``image_factor`` (28; 32 for Qwen3-VL; see
+    source file's folder), as do relative video paths; every video is checked by its header and kept as its
+    absolute path (never decoded here: frames are decoded when a prompt is encoded). With ``load_images`` each
+    image becomes an RGB ``PIL.Image`` resized within ``min_pixels``/``max_pixels`` with sides multiples of
+    ``image_factor`` (28; 32 for Qwen3-VL; see
     :func:`~data_pipelines.images.load_image`, and ``image_bounds(processor)`` for a model's values);
     without it, images stay as found. ``limit`` stops after that many records kept. ``check(record)``
     is the caller's own rule for each record (e.g. "a verifier needs ``answer``"): the ``DataError`` it
@@ -137,6 +147,7 @@ def read_records(
             column_map=column_map,
             default_id=f"{stem}-{row_no}",
             image_kwargs=image_kwargs if load_images else None,
+            video_dir=image_kwargs["base_dir"] or "",
         )
         if check is not None:
             check(record)
@@ -219,8 +230,11 @@ def record_from_row(
     column_map: dict[str, str] | None = None,
     default_id: str = "record",
     image_kwargs: dict[str, Any] | None = None,
+    video_dir: str | Path | None = None,
 ) -> Record:
-    """One record from one row's dict, checked; loads its images when ``image_kwargs`` is given."""
+    """One record from one row's dict, checked; loads its images when ``image_kwargs`` is given; with ``video_dir``
+    (the folder relative video paths start at; ``""``: the working folder) its videos are checked by their headers
+    and kept as absolute paths (:func:`~data_pipelines.video.checked_video`; frames are decoded when encoded)."""
     cls = RECORD_TYPES[kind]
     known = set(cls.__dataclass_fields__)
     column_map = column_map or {}
@@ -239,14 +253,16 @@ def record_from_row(
         values["prompt"], system, inline = _from_messages(values.pop(chat_field), chat_field)
         if system is not None and values.get("system") is None:
             values["system"] = system
-        if inline and values.get("images") is None:
-            values["images"] = inline
+        for name, found in inline.items():
+            if found and values.get(name) is None:
+                values[name] = found
 
     fields: dict[str, Any] = {}
     for name in REQUIRED[kind]:
         fields[name] = required_text(values.pop(name, None), name)
     fields["id"] = _text(values.pop("id", None), "id", numbers=True) or default_id
     fields["images"] = _image_list(values.pop("images", None))
+    fields["videos"] = video_list(values.pop("videos", None))
     fields["task"] = _text(values.pop("task", None), "task") or "default"
     fields["system"] = _text(values.pop("system", None), "system")
     if kind == "prompt":
@@ -266,13 +282,14 @@ def record_from_row(
         )
     fields["metadata"] = {**{k: v for k, v in values.items() if k not in known and v is not None}, **(metadata or {})}
 
-    n_slots = fields["prompt"].count(IMAGE_PLACEHOLDER)
-    if n_slots and n_slots != len(fields["images"]):
-        raise DataError(
-            f"prompt has {n_slots} {IMAGE_PLACEHOLDER} placeholders but the record has {len(fields['images'])} images",
-            category="placeholder mismatch",
-            field="prompt",
-        )
+    for placeholder, name in ((IMAGE_PLACEHOLDER, "images"), (VIDEO_PLACEHOLDER, "videos")):
+        n_slots = fields["prompt"].count(placeholder)
+        if n_slots and n_slots != len(fields[name]):
+            raise DataError(
+                f"prompt has {n_slots} {placeholder} placeholders but the record has {len(fields[name])} {name}",
+                category="placeholder mismatch",
+                field="prompt",
+            )
     if image_kwargs is not None:
         loaded = []
         for i, img in enumerate(fields["images"]):
@@ -281,6 +298,14 @@ def record_from_row(
             except DataError as err:
                 raise err.located(field=f"images[{i}]")
         fields["images"] = loaded
+    if video_dir is not None:
+        checked = []
+        for i, video in enumerate(fields["videos"]):
+            try:
+                checked.append(checked_video(video, base_dir=video_dir or None))
+            except DataError as err:
+                raise err.located(field=f"videos[{i}]")
+        fields["videos"] = checked
     return cls(**fields)
 
 
@@ -338,12 +363,36 @@ def _image_list(value: Any) -> list[Any]:
     return items
 
 
-def _from_messages(messages: Any, name: str) -> tuple[str, str | None, list[Any]]:
+def video_list(value: Any) -> list[Any]:
+    """A record's ``videos``: each a path (text) or a list of frame images (one video); a JSON list in a CSV cell."""
+    if value is None:
+        return []
+    if isinstance(value, str) and value.lstrip().startswith("["):  # CSV cells hold a JSON list
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise DataError(
+                f"videos cell is not a JSON list ({exc.msg})", category="wrong type", field="videos"
+            ) from None
+    items = list(value) if isinstance(value, (list, tuple)) else [value]
+    for i, item in enumerate(items):
+        frames = isinstance(item, (list, tuple)) and item and all(isinstance(f, _IMAGE_TYPES) for f in item)
+        if not isinstance(item, (str, Path)) and not frames:
+            raise DataError(
+                f"wrong type for a video: {type(item).__name__} (want a file path or a list of frame images)",
+                category="wrong type",
+                field=f"videos[{i}]",
+            )
+    return items
+
+
+def _from_messages(messages: Any, name: str) -> tuple[str, str | None, dict[str, list[Any]]]:
     """A chat messages list (optional system turn, one user turn) as prompt text with placeholders, the
-    system text and the images given inline (``{"type": "image", "image": ...}``)."""
+    system text and the media given inline (``{"type": "image", "image": ...}``, ``{"type": "video", "video": ...}``)
+    as ``{"images": [...], "videos": [...]}``."""
     if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
         raise DataError("wrong type: want a list of {role, content} messages", category="wrong type", field=name)
-    system, inline = None, []
+    system, inline = None, {"images": [], "videos": []}
     if messages and messages[0].get("role") == "system":
         system = _content_text(messages[0].get("content"), name, inline)
         messages = messages[1:]
@@ -352,7 +401,7 @@ def _from_messages(messages: Any, name: str) -> tuple[str, str | None, list[Any]
     return _content_text(messages[0].get("content"), name, inline), system, inline
 
 
-def _content_text(content: Any, name: str, inline: list[Any]) -> str:
+def _content_text(content: Any, name: str, inline: dict[str, list[Any]]) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
@@ -362,7 +411,11 @@ def _content_text(content: Any, name: str, inline: list[Any]) -> str:
             if kind == "image":
                 parts.append(IMAGE_PLACEHOLDER)
                 if part.get("image") is not None:
-                    inline.append(part["image"])
+                    inline["images"].append(part["image"])
+            elif kind == "video":
+                parts.append(VIDEO_PLACEHOLDER)
+                if part.get("video") is not None:
+                    inline["videos"].append(part["video"])
             elif kind == "text" and isinstance(part.get("text"), str):
                 parts.append(part["text"])
             else:
@@ -381,16 +434,18 @@ def prompt_length(
     tools: list[dict[str, Any]] | None = None,
 ) -> int:
     """Tokens of the record's prompt as :func:`~data_pipelines.collate.encode_prompt` encodes it for
-    generation (chat template, generation prompt, image tokens and the ``tools`` listed included). With
-    ``images=False`` its images are left out (none is read): a lower bound, exact for a text-only record."""
+    generation (chat template, generation prompt, image and video tokens and the ``tools`` listed included; a video's
+    tokens from its header, no frame decoded). With ``images=False`` its images are left out (none is read): a lower
+    bound, exact for a record without images."""
 
     if not images:
         record = replace(record, images=[], prompt=record.prompt.replace(IMAGE_PLACEHOLDER, ""))
     if record.images and getattr(processor_or_tokenizer, "image_processor", None) is None:
         raise ValueError("records with images need the model's processor (not its tokenizer) to count image tokens")
-    encoded = encode_prompt(
-        processor_or_tokenizer, record, system_prompt=system_prompt, prompt_template=prompt_template, tools=tools
-    )
+    with counting_videos(processor_or_tokenizer):  # video tokens from the headers: no frame decoded
+        encoded = encode_prompt(
+            processor_or_tokenizer, record, system_prompt=system_prompt, prompt_template=prompt_template, tools=tools
+        )
     return encoded.input_ids.numel()
 
 
@@ -430,8 +485,10 @@ def filter_by_prompt_length(
             kept.append(rec)
             continue
         counted = "image tokens included" if images else f"not counting its {len(rec.images)} image(s)"
+        if rec.videos:
+            counted += f", {len(rec.videos)} video(s) included"
         err = DataError(
-            f"prompt has {n} tokens{f' ({counted})' if rec.images or images else ''} > {limit_name} "
+            f"prompt has {n} tokens{f' ({counted})' if rec.images or rec.videos or images else ''} > {limit_name} "
             f"{max_prompt_length}",
             category="prompt too long",
             source=f"record {rec.id!r}",

@@ -1,11 +1,14 @@
 """The three kinds of records vlrft reads.
 
-A record's text may carry ``<image>`` placeholders where its images go (their count must equal the
-number of images); without placeholders, images come before the text. A text-only record has
-``images == []`` and goes through the same code paths as a vision-language one.
+A record's text may carry ``<image>`` placeholders where its images go and ``<video>`` placeholders where its
+videos go (each kind's count must equal the number of its items); a kind without placeholders comes before the
+text (images, then videos). A text-only record has ``images == videos == []`` and goes through the same code
+paths as a vision-language one.
 
 ``images`` holds whatever the reader found (path, bytes, data URI, PIL image) until
-``data_pipelines.images`` loads them into RGB ``PIL.Image`` objects.
+``data_pipelines.images`` loads them into RGB ``PIL.Image`` objects. ``videos`` holds one entry per video: a video
+file's path (made absolute by the reader), or a list of frame images taken as one video; frames are decoded only
+when the prompt is encoded (``data_pipelines.video``), one batch at a time.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 IMAGE_PLACEHOLDER = "<image>"
+VIDEO_PLACEHOLDER = "<video>"
 
 
 @dataclass
@@ -27,6 +31,7 @@ class PromptRecord:
     task: str = "default"  # selects the verifiers / reward recipe
     system: str | None = None  # optional system prompt
     metadata: dict[str, Any] = field(default_factory=dict)
+    videos: list[Any] = field(default_factory=list)  # video paths (or frame lists), <video> placeholders
 
 
 @dataclass
@@ -43,6 +48,7 @@ class PreferencePair:
     task: str = "default"
     system: str | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
+    videos: list[Any] = field(default_factory=list)  # video paths (or frame lists), <video> placeholders
 
 
 @dataclass
@@ -56,10 +62,11 @@ class JudgmentRecord:
     task: str = "default"
     system: str | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
+    videos: list[Any] = field(default_factory=list)  # video paths (or frame lists), <video> placeholders
 
 
-# media a record may carry that vlrft does not read yet (video lands with the media path of round 4)
-UNREAD_MEDIA = ("videos", "video", "audio", "audios")
+# media a record may carry that vlrft does not read
+UNREAD_MEDIA = ("audio", "audios")
 
 
 def unread_fields(cls: type) -> frozenset[str]:

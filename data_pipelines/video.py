@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
@@ -193,13 +194,28 @@ def iter_frames(
     )
 
 
-def load_video(src: Any, *, factor: int, base_dir: str | Path | None = None, **settings: Any) -> Video:
-    """A video file or a list of frame images, sampled and resized for Qwen-VL (see the module doc); ``factor``
-    is ``patch_size * merge_size`` (28 for Qwen2-VL/Qwen2.5-VL, 32 for Qwen3-VL); ``settings``: those of
-    :class:`VideoSettings`."""
+@dataclass(frozen=True)
+class VideoPlan:
+    """What :func:`load_video` will make of a video, known from its header alone: the source ``indices`` sampled,
+    the source ``fps`` and ``total_frames``, and the ``height`` x ``width`` every frame is resized to (enough to
+    count the video's tokens: :func:`counting_videos`)."""
+
+    indices: list[int]
+    fps: float
+    total_frames: int
+    height: int
+    width: int
+    source: str
+
+
+def plan_video(src: Any, *, factor: int, base_dir: str | Path | None = None, **settings: Any) -> VideoPlan:
+    """The :class:`VideoPlan` of a video file (its header read, no frame decoded) or a frame list (its frames read
+    for their size); failures as :func:`load_video`'s."""
     cfg = VideoSettings(**settings)
     if isinstance(src, (list, tuple)):
-        return _load_frame_list(src, factor, cfg, base_dir)
+        video = _load_frame_list(src, factor, cfg, base_dir)
+        w, h = video.frames[0].size
+        return VideoPlan(video.indices, video.fps, video.total_frames, h, w, video.source)
     info = probe_video(src, base_dir=base_dir)
     try:
         indices = sample_indices(
@@ -208,8 +224,41 @@ def load_video(src: Any, *, factor: int, base_dir: str | Path | None = None, **s
     except ValueError as exc:
         raise DataError(f"{exc}: {info.path}", category="too few frames") from None
     h, w = _sized(info.height, info.width, len(indices), factor, cfg)
-    frames = [_resized(im, w, h) for im in iter_frames(info.path, indices)]
-    return Video(frames, indices, info.fps, info.total_frames, info.path)
+    return VideoPlan(indices, info.fps, info.total_frames, h, w, info.path)
+
+
+def load_video(src: Any, *, factor: int, base_dir: str | Path | None = None, **settings: Any) -> Video:
+    """A video file or a list of frame images, sampled and resized for Qwen-VL (see the module doc); ``factor``
+    is ``patch_size * merge_size`` (28 for Qwen2-VL/Qwen2.5-VL, 32 for Qwen3-VL); ``settings``: those of
+    :class:`VideoSettings`."""
+    if isinstance(src, (list, tuple)):
+        return _load_frame_list(src, factor, VideoSettings(**settings), base_dir)
+    plan = plan_video(src, factor=factor, base_dir=base_dir, **settings)
+    frames = [_resized(im, plan.width, plan.height) for im in iter_frames(plan.source, plan.indices)]
+    return Video(frames, plan.indices, plan.fps, plan.total_frames, plan.source)
+
+
+def checked_video(src: Any, *, base_dir: str | Path | None = None) -> Any:
+    """A record's video as the readers keep it: a file's absolute path once its header says it has a video stream
+    with frames and a frame rate (:func:`probe_video`; nothing decoded), or a frame list with each path made
+    absolute (the frames are read when the video is encoded). Failures are ``DataError`` naming the file."""
+    if isinstance(src, (list, tuple)):
+        if not src:
+            raise DataError("video frame list is empty", category="empty video")
+        return [str(_frame_path(f, base_dir)) if isinstance(f, (str, Path)) else f for f in src]
+    return probe_video(src, base_dir=base_dir).path
+
+
+def _frame_path(src: str | Path, base_dir: str | Path | None) -> Path | str:
+    text = str(src)
+    if text.startswith(("http://", "https://", "data:")):
+        return text
+    path = Path(text.removeprefix("file://")).expanduser()
+    if not path.is_absolute() and base_dir is not None:
+        path = Path(base_dir) / path
+    if not path.is_file():
+        raise DataError(f"file not found: {path}", category="missing file")
+    return path
 
 
 def _sized(height: int, width: int, n: int, factor: int, cfg: VideoSettings) -> tuple[int, int]:
@@ -292,6 +341,7 @@ class QwenVideoProcessor:
         self.image_mean, self.image_std = np.asarray(image_mean, np.float64), np.asarray(image_std, np.float64)
         self.rescale_factor, self.base_dir = rescale_factor, base_dir
         self.video_settings = VideoSettings(**settings)
+        self.counting = False  # True: videos are planned from their headers, not decoded (:func:`counting_videos`)
 
     def __getattr__(self, name: str) -> Any:  # processor.fps, processor.max_frames, ...: its settings
         if name in SETTINGS and "video_settings" in self.__dict__:
@@ -312,10 +362,12 @@ class QwenVideoProcessor:
             **settings,
         )
 
-    def load(self, src: Any, **settings: Any) -> Video:
-        """One video sampled and resized by this processor's settings (``settings`` override them)."""
+    def load(self, src: Any, **settings: Any) -> Video | VideoPlan:
+        """One video sampled and resized by this processor's settings (``settings`` override them); while
+        :attr:`counting`, a file's :class:`VideoPlan` (its header read, no frame decoded)."""
         opts = vars(replace(self.video_settings, **settings))
-        return load_video(src, factor=self.patch_size * self.merge_size, base_dir=self.base_dir, **opts)
+        load = plan_video if self.counting and not isinstance(src, (list, tuple)) else load_video
+        return load(src, factor=self.patch_size * self.merge_size, base_dir=self.base_dir, **opts)
 
     def __call__(self, videos: Any, *, video_metadata: Any = None, return_tensors: Any = None, **kwargs: Any):
         settings = {k: v for k, v in kwargs.items() if v is not None}
@@ -343,12 +395,15 @@ class QwenVideoProcessor:
         }
         return BatchFeature(data, tensor_type=return_tensors, skip_tensor_conversion=["video_metadata"])
 
-    def pixels(self, video: Video) -> tuple[np.ndarray, list[int]]:
+    def pixels(self, video: Video | VideoPlan) -> tuple[np.ndarray, list[int]]:
         """``(rows, [grid_t, grid_h, grid_w])`` of a loaded video: rescaled and normalised in float64, patchified, and
         stored as float32. One temporal patch of frames at a time (the rows are ordered by temporal grid first), so
         the float64 work is never more than a patch's frames: the same values as converting the whole video at once,
-        in about the output's own memory."""
+        in about the output's own memory. A :class:`VideoPlan` (counting) gives its grid and rows of no values."""
         tp, p = self.temporal_patch_size, self.patch_size
+        if isinstance(video, VideoPlan):
+            t, gh, gw = -(-len(video.indices) // tp), video.height // p, video.width // p
+            return np.zeros((t * gh * gw, 0), dtype=np.float32), [t, gh, gw]
         frames = list(video.frames) + [video.frames[-1]] * (-len(video.frames) % tp)  # an odd count: the last again
         w, h = frames[0].size
         t = len(frames) // tp
@@ -375,6 +430,31 @@ class QwenVideoProcessor:
             total = meta.total_num_frames or len(frames)
             video = Video(video.frames, list(meta.frames_indices), float(meta.fps), int(total), video.source)
         return video
+
+
+def use_video_settings(processor: Any, **settings: Any) -> None:
+    """Make ``processor`` sample and size videos by ``settings`` (those of :class:`VideoSettings`, checked); a
+    processor without a :class:`QwenVideoProcessor` (a text tokenizer, a stock one) is left as it is."""
+    vp = getattr(processor, "video_processor", None)
+    if isinstance(vp, QwenVideoProcessor):
+        vp.video_settings = VideoSettings(**settings)
+
+
+@contextmanager
+def counting_videos(processor: Any) -> Iterator[None]:
+    """Within it, ``processor``'s videos are planned from their headers and not decoded: the prompt's tokens
+    (video tokens, Qwen3-VL's timestamps) come out exactly as when encoding, its ``pixel_values_videos`` have no
+    values. How preflight counts a record's tokens before training without decoding a frame (a 10-hour video is
+    refused by its count, never decoded). A processor without a :class:`QwenVideoProcessor` is left as it is."""
+    vp = getattr(processor, "video_processor", None)
+    if not isinstance(vp, QwenVideoProcessor):
+        yield
+        return
+    was, vp.counting = vp.counting, True
+    try:
+        yield
+    finally:
+        vp.counting = was
 
 
 def _resized(im: Image.Image, w: int, h: int) -> Image.Image:

@@ -318,19 +318,20 @@ def test_the_demos_and_a_wide_enough_model_get_no_learning_rate_warning(command,
 
 # -- item 10: record fields vlrft does not read ------------------------------------------------------------
 def test_record_fields_vlrft_does_not_read_are_one_counted_warning(tmp_path, caplog):
-    """Issue 64, item 10: a ``videos`` field (before video lands) was kept in metadata without a word; the reader now
-    counts such fields per field in one warning per source and process (preflight and the run read the same file)."""
+    """Issue 64, item 10: a media field vlrft does not read (``videos`` before video landed; ``audio`` now) was kept
+    in metadata without a word; the reader counts such fields per field in one warning per source and process
+    (preflight and the run read the same file)."""
     data = tmp_path / "prompts.jsonl"
-    rows = [{"id": f"q{i}", "prompt": "Which colour?", "answer": "red", "videos": [f"clip{i}.mp4"]} for i in range(3)]
-    rows.append({"id": "q3", "prompt": "Which colour?", "answer": "red", "chosen": "red", "videos": None})
+    rows = [{"id": f"q{i}", "prompt": "Which colour?", "answer": "red", "audio": [f"clip{i}.wav"]} for i in range(3)]
+    rows.append({"id": "q3", "prompt": "Which colour?", "answer": "red", "chosen": "red", "audio": None})
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     with caplog.at_level(logging.WARNING, logger="data_pipelines"):
         records, report = read_records(data, "prompt")
         read_records(data, "prompt")  # the second pass of the same file says nothing more
-    line = f"{data}: 4 records have fields vlrft does not read: chosen (1), videos (3); they are kept in the records' "
+    line = f"{data}: 4 records have fields vlrft does not read: audio (3), chosen (1); they are kept in the records' "
     assert [r.getMessage() for r in caplog.records] == [line + "metadata only"]
-    assert report.unread == {"videos": 3, "chosen": 1} and report.unread_records == 4
-    assert records[0].metadata == {"videos": ["clip0.mp4"]} and records[3].metadata == {"chosen": "red"}
+    assert report.unread == {"audio": 3, "chosen": 1} and report.unread_records == 4
+    assert records[0].metadata == {"audio": ["clip0.wav"]} and records[3].metadata == {"chosen": "red"}
 
 
 # -- item 8: Ctrl-C ------------------------------------------------------------------------------------------

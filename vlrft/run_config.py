@@ -109,6 +109,26 @@ class DataSourceConfig:
     on_bad_record: str = option(
         "error", "a bad record stops the run (error) or is counted and skipped", choices=("error", "skip")
     )
+    video_fps: float = option(2.0, "frames sampled per second of video (qwen-vl-utils' FPS)", gt=0)
+    video_min_frames: int = option(4, "fewest frames sampled from a video (rounded up to 2)", ge=2)
+    video_max_frames: int = option(768, "most frames sampled from a video (rounded down to 2)", ge=2)
+    video_min_pixels: int = option(0, "fewest pixels per video frame; 0: 128 tokens of the patch grid", ge=0)
+    video_max_pixels: int = option(0, "most pixels per video frame; 0: 768 tokens of the patch grid", ge=0)
+    video_total_pixels: int = option(
+        0, "pixel budget of a whole video, shared by its frames; 0: 90% of a 128k-token context", ge=0
+    )
+
+
+def video_settings(data: Any) -> dict[str, Any]:
+    """The ``data.video_*`` settings as ``data_pipelines.video.VideoSettings`` keywords (0: its default)."""
+    return {
+        "fps": float(data.video_fps),
+        "min_frames": int(data.video_min_frames),
+        "max_frames": int(data.video_max_frames),
+        "min_pixels": int(data.video_min_pixels) or None,
+        "max_pixels": int(data.video_max_pixels) or None,
+        "total_pixels": int(data.video_total_pixels) or None,
+    }
 
 
 def _leaves(node: Any, prefix: str = "") -> dict[str, Any]:

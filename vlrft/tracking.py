@@ -191,3 +191,10 @@ def image_refs(images: list[Any]) -> list[str]:
         else:
             refs.append(getattr(im, "filename", "") or f"<{type(im).__name__} {getattr(im, 'size', '')}>")
     return refs
+
+
+def video_refs(videos: list[Any]) -> list[str]:
+    """How a log names a record's videos: the file's path, or a frame list's first frame and its length."""
+    return [
+        f"{image_refs(v[:1])[0]} (+{len(v) - 1} frames)" if isinstance(v, (list, tuple)) else str(v) for v in videos
+    ]

@@ -25,11 +25,13 @@ tells it which pairs to compute); the text layers are switched to it the first t
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from data_pipelines.collate import MODALITIES
 from vlrft.models.attention_functions import PACKED_SDPA, _text_config, attention_kind, use_packed_attention
 from vlrft.models.packed_attention import PackedBlock, PackedLayout, PackedRow
 
@@ -45,31 +47,23 @@ class PackedGroups:
 
 
 def sample_images(batch: dict[str, torch.Tensor], idx: list[int]) -> dict[str, torch.Tensor]:
-    """``pixel_values`` / ``image_grid_thw`` / ``images_per_sample`` of samples ``idx`` of a collated batch
-    (images are stored per sample, in sample order); {} when none of them has an image."""
-    if "pixel_values" not in batch:
-        return {}
-    grid, per_sample = batch["image_grid_thw"], batch["images_per_sample"].tolist()
-    patch_counts = grid.prod(-1).tolist()
-    img_start = [0]
-    for c in per_sample:
-        img_start.append(img_start[-1] + c)
-    patch_start = [0]
-    for c in patch_counts:
-        patch_start.append(patch_start[-1] + c)
-    rows, grids = [], []
-    for i in idx:
-        a, b = img_start[i], img_start[i + 1]
-        if b > a:
-            rows.append(batch["pixel_values"][patch_start[a] : patch_start[b]])
-            grids.append(grid[a:b])
-    if not rows:
-        return {}
-    return {
-        "pixel_values": torch.cat(rows),
-        "image_grid_thw": torch.cat(grids),
-        "images_per_sample": batch["images_per_sample"][idx],
-    }
+    """The images and videos of samples ``idx`` of a collated batch (each modality's pixels, grid rows, per-item
+    values and per-sample counts, stored per sample in sample order); a modality none of them has is left out."""
+    out: dict[str, torch.Tensor] = {}
+    for m in MODALITIES:
+        if m.pixels not in batch:
+            continue
+        grid, per_sample = batch[m.grid], batch[m.per_sample].tolist()
+        item_start = [0, *itertools.accumulate(per_sample)]
+        patch_start = [0, *itertools.accumulate(grid.prod(-1).tolist())]
+        items = [k for i in idx for k in range(item_start[i], item_start[i + 1])]
+        if not items:
+            continue
+        out[m.pixels] = torch.cat([batch[m.pixels][patch_start[k] : patch_start[k + 1]] for k in items])
+        out[m.grid] = grid[items]
+        out.update({key: batch[key][items] for key in m.per_item if key in batch})
+        out[m.per_sample] = batch[m.per_sample][idx]
+    return out
 
 
 def _rope_owner(model: torch.nn.Module) -> Any:
@@ -114,11 +108,13 @@ def shared_forward_applies(model: torch.nn.Module, batch: dict[str, torch.Tensor
     return "response_images" not in batch or not bool(batch["response_images"].any())
 
 
-def _prompt_positions(owner: Any, ids: torch.Tensor, types: torch.Tensor | None, grid: torch.Tensor | None):
-    """The prompt's m-rope positions ``[3, L]`` (1-D text positions repeated where it has no image)."""
-    if owner is None or grid is None or types is None:
+def _prompt_positions(owner: Any, ids: torch.Tensor, types: torch.Tensor | None, media: dict[str, torch.Tensor]):
+    """The prompt's m-rope positions ``[3, L]`` (1-D text positions repeated where it has no image nor video);
+    ``media``: its images and videos (:func:`sample_images`)."""
+    grids = {k: v for k, v in media.items() if k in ("image_grid_thw", "video_grid_thw", "second_per_grid_ts")}
+    if owner is None or not grids or types is None:
         return torch.arange(ids.numel()).expand(3, -1)
-    pos, _ = owner.get_rope_index(ids[None], mm_token_type_ids=types[None], image_grid_thw=grid)
+    pos, _ = owner.get_rope_index(ids[None], mm_token_type_ids=types[None], **grids)
     return pos[:, 0].cpu()
 
 
@@ -149,7 +145,7 @@ def pack_groups(
         types = batch["mm_token_type_ids"][s0, :lp] if "mm_token_type_ids" in batch else None
         img = sample_images(batch, [s0])
         images.append(img)
-        ppos = _prompt_positions(owner if vl else None, ids[0], types, img.get("image_grid_thw"))
+        ppos = _prompt_positions(owner if vl else None, ids[0], types, img)
         start = int(ppos.max()) + 1 if lp else 0
         pos, seg = [ppos], [torch.zeros(lp, dtype=torch.long)]
         offset = lp
@@ -196,10 +192,11 @@ def pack_groups(
     }
     if use_packed_attention(model):  # SDPA models; eager attention reads the dense mask above
         inputs["vlrft_packed"] = _packed_layout(spans, row_width, device)
-    with_images = [x for x in images if x]
-    if with_images:
-        inputs["pixel_values"] = torch.cat([x["pixel_values"] for x in with_images]).to(device)
-        inputs["image_grid_thw"] = torch.cat([x["image_grid_thw"] for x in with_images]).to(device)
+    for m in MODALITIES:
+        for key in (m.pixels, m.grid, *m.per_item):
+            have = [x[key] for x in images if key in x]
+            if have:
+                inputs[key] = torch.cat(have).to(device)
     first = int(predict_at.min()) if predict_at.numel() else 0
     return PackedGroups(inputs, row_of, predict_at, first)
 

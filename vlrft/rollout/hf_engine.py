@@ -24,6 +24,7 @@ place, the engine's builder (``vlrft.rollout.hf``), from ``rollout.hf`` and wher
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from contextlib import contextmanager, nullcontext
 from typing import Callable, Iterable
 
@@ -31,7 +32,7 @@ import torch
 from transformers import LogitsProcessor, LogitsProcessorList, TopKLogitsWarper, TopPLogitsWarper
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from data_pipelines.collate import EncodedPrompt, collate_prompts, tokenizer_of
+from data_pipelines.collate import MODALITIES, EncodedPrompt, collate_prompts, tokenizer_of
 from vlrft.models.attention_functions import use_packed_attention
 from vlrft.models.moe import is_moe
 from vlrft.models.prefix_decoding import repeat_cache, share_prompt_cache
@@ -133,14 +134,14 @@ class HFRolloutEngine:
         }
         if "mm_token_type_ids" in rep:  # the m-rope positions of image tokens (data_pipelines/collate.py)
             out["mm_token_type_ids"] = rep["mm_token_type_ids"].repeat_interleave(n, 0)
-        if "pixel_values" in rep:  # repeat each prompt's patches for its n samples
-            grids = _split_grids(
-                rep["input_ids"], rep["image_grid_thw"], self.model.config.image_token_id, self.merge_area
-            )
-            sizes = [int(g.prod(-1).sum()) for g in grids]
-            pv = rep["pixel_values"].split(sizes)
-            out["pixel_values"] = torch.cat([p for p in pv for _ in range(n)])
-            out["image_grid_thw"] = torch.cat([g for g in grids for _ in range(n)])
+        for m in MODALITIES:  # repeat each prompt's patches (images, videos) for its n samples
+            if m.pixels not in rep:
+                continue
+            token_id = self.tokenizer.convert_tokens_to_ids(m.token)
+            counts = _items_per_prompt(rep["input_ids"], rep[m.grid], token_id, self.merge_area)
+            for key, rows in ((m.pixels, rep[m.grid].prod(-1)), (m.grid, None), *((k, None) for k in m.per_item)):
+                if key in rep:
+                    out[key] = _repeat_items(rep[key], counts, n, rows)
         return out
 
     def _prefilled(self, rep: dict[str, torch.Tensor], n: int, new_tokens: int) -> dict[str, torch.Tensor]:
@@ -149,7 +150,7 @@ class HFRolloutEngine:
         ``static_cache`` the cache is copied into a static one with room for ``new_tokens`` more."""
         cut = ("input_ids", "attention_mask", "mm_token_type_ids")
         prefix = {k: (v[:, :-1] if k in cut else v) for k, v in rep.items()}
-        if "pixel_values" not in rep:  # the padding-aware text positions generate itself would use
+        if not any(m.pixels in rep for m in MODALITIES):  # the padding-aware text positions generate itself would use
             prefix["position_ids"] = (prefix["attention_mask"].long().cumsum(-1) - 1).clamp(min=0)
         inner = getattr(self.model, "model", None)
         multimodal_rope = hasattr(inner, "rope_deltas")
@@ -397,18 +398,24 @@ def _root_unsharded(model: torch.nn.Module):
         model.reshard()
 
 
-def _split_grids(
-    input_ids: torch.Tensor, grid: torch.Tensor, image_token_id: int, merge_area: int
-) -> list[torch.Tensor]:
-    """``image_grid_thw`` rows belonging to each prompt of a batch (prompts may have 0..k images)."""
-    per_image_tokens = (grid.prod(-1) // merge_area).tolist()
-    counts = (input_ids == image_token_id).sum(-1).tolist()
+def _items_per_prompt(input_ids: torch.Tensor, grid: torch.Tensor, token_id: int, merge_area: int) -> list[int]:
+    """How many of the ``grid`` rows (images or videos, in prompt order) each prompt of a batch holds, read off its
+    placeholder tokens (prompts may have 0..k items)."""
+    per_item_tokens = (grid.prod(-1) // merge_area).tolist()
     out, i = [], 0
-    for c in counts:
+    for c in (input_ids == token_id).sum(-1).tolist():
         k, total = 0, 0
         while total < c:
-            total += per_image_tokens[i + k]
+            total += per_item_tokens[i + k]
             k += 1
-        out.append(grid[i : i + k])
+        out.append(k)
         i += k
     return out
+
+
+def _repeat_items(values: torch.Tensor, counts: list[int], n: int, rows: torch.Tensor | None) -> torch.Tensor:
+    """Each prompt's items of ``values`` (``counts`` per prompt) repeated for its ``n`` samples; ``rows``: the
+    rows of ``values`` each item has (pixel rows: its patches), else one."""
+    sizes = rows.tolist() if rows is not None else [1] * int(sum(counts))
+    per_prompt = [sum(sizes[a:b]) for a, b in itertools.pairwise([0, *itertools.accumulate(counts)])]
+    return torch.cat([p for p in values.split(per_prompt) for _ in range(n)])

@@ -287,6 +287,10 @@ class VLLMRolloutEngine:
         return Rollout(first.prompt_index, ids, self.tokenizer.decode(ids, skip_special_tokens=True), reason, logps)
 
     def _request(self, prompt: EncodedPrompt) -> dict:
+        if prompt.videos:
+            raise NotImplementedError(
+                "the vllm engine does not take video prompts yet (vlrft hands vLLM images only); use rollout.engine=hf"
+            )
         ids = prompt.input_ids.tolist() if torch.is_tensor(prompt.input_ids) else list(prompt.input_ids)
         images = list(prompt.images or [])
         if not images:

@@ -32,7 +32,7 @@ from vlrft.models.routing_replay import replaying
 from vlrft.rollout import Rollout
 from vlrft.rollout.generation import sample_rollouts
 from vlrft.rollout.trajectories import tool_summary, turn_log
-from vlrft.tracking import image_refs
+from vlrft.tracking import image_refs, video_refs
 
 SAMPLE_TEXT_CHARS = 4000  # a record's prompt or answer as samples.jsonl keeps it
 
@@ -118,6 +118,7 @@ class Experience:
                 "prompt": clip_text(rec.prompt),
                 "answer": clip_text(rec.answer),
                 "image": image_refs(rec.images),
+                **({"video": video_refs(rec.videos)} if getattr(rec, "videos", None) else {}),
                 "response": x.text,
                 "finish_reason": x.finish_reason,
                 "rewards": {k: float(v[i]) for k, v in self.per_source.items()},
@@ -154,8 +155,7 @@ class Experience:
         out["response_lengths"] = b["response_lengths"][index]
         if "response_images" in b:
             out["response_images"] = b["response_images"][index]
-        if "pixel_values" in b:
-            out.update(sample_images(b, idx))
+        out.update(sample_images(b, idx))
         rlen = int(out["response_lengths"].max()) if len(idx) else 0
         out["response_ids"] = self.response_ids[index][:, :rlen]
         out["response_mask"] = self.response_mask[index][:, :rlen]

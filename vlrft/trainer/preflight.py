@@ -129,15 +129,17 @@ def _sources_for(pool: RewardPoolConfig, task: str) -> list:
 
 
 def images_check(vision: bool, model_key: str) -> Callable[[Any], None]:
-    """A text-only model gets no images: the rule for any record (prompt, preference or judgment)."""
+    """A text-only model gets no images nor videos: the rule for any record (prompt, preference or judgment)."""
 
     def check(record: Any) -> None:
-        if record.images and not vision:
-            raise DataError(
-                f"record {record.id!r} has {len(record.images)} image(s), but the model ({model_key}) is text-only",
-                category="images for a text-only model",
-                field="images",
-            )
+        for name in ("images", "videos"):
+            items = getattr(record, name, ())
+            if items and not vision:
+                raise DataError(
+                    f"record {record.id!r} has {len(items)} {name[:-1]}(s), but the model ({model_key}) is text-only",
+                    category=f"{name} for a text-only model",
+                    field=name,
+                )
 
     return check
 

@@ -17,6 +17,7 @@ import torch
 from data_pipelines.collate import model_inputs
 from data_pipelines.readers import read_records
 from data_pipelines.synthetic import heldout_seed, make_judgment_records, make_preference_pairs, synthetic_task
+from data_pipelines.video import use_video_settings
 from reward_models.config import RewardModelTrainConfig
 from reward_models.encoding import encode_responses, encode_sft
 from reward_models.evaluate import judgment_counts, pair_counts, reward_metrics
@@ -26,6 +27,7 @@ from reward_models.scalar import ScalarRewardModel
 from vlrft.loop import Run, training_run
 from vlrft.models.loading import load_model
 from vlrft.rollout import RolloutConfig, make_engine
+from vlrft.run_config import video_settings
 from vlrft.sampling import shared_chunks
 from vlrft.supervised import SupervisedTrainer, steps_per_episode
 from vlrft.trainer.preflight import preflight_reward_model
@@ -224,6 +226,7 @@ def _train(cfg: RewardModelTrainConfig, run: Run, records: tuple[list, list] | N
     if not train:
         raise ValueError("no training records (check data.train_source)")
     model, processor = build_model(cfg, path)
+    use_video_settings(processor, **video_settings(cfg.data))
     total = run.total_steps(steps_per_episode(len(train), t.batch_size, strategy.world_size))
     model, _, _ = strategy.prepare(model, total_steps=total)
     task = (SRMTask if cfg.model.kind == "srm" else GRMTask)(processor, cfg, strategy.device)

@@ -16,6 +16,7 @@ from data_pipelines.images import image_bounds
 from data_pipelines.readers import filter_by_prompt_length, read_records
 from data_pipelines.records import PromptRecord
 from data_pipelines.synthetic import heldout_seed, make_judgment_records, make_prompt_records, synthetic_task
+from data_pipelines.video import use_video_settings
 from reward_models.pool import RewardPool
 from reward_models.scalar import HEAD_CONFIG, ScalarRewardModel
 from vlrft.config import ConfigError
@@ -23,6 +24,7 @@ from vlrft.loop import Run, preempt_signals, training_run
 from vlrft.models.loading import load_model
 from vlrft.rollout import make_engine
 from vlrft.rollout.trajectories import TrajectoryRunner
+from vlrft.run_config import video_settings
 from vlrft.strategies import make_strategy
 from vlrft.strategies.placement import Placement, place
 from vlrft.tools import ToolBox
@@ -141,6 +143,7 @@ def serve_rollouts(cfg: PolicyTrainConfig, placement: Placement) -> dict[str, An
     hello = placement.recv_object(first, "the start of the run")
     strategy = make_strategy(replace(cfg.strategy, name="single"), cfg.optim)  # one process: the policy's kernels
     model, processor = load_model(hello["model_path"], cfg.model.dtype)
+    use_video_settings(processor, **video_settings(cfg.data))
     model = strategy.prepare(model, trainable=False)[0]
     for work, _ in placement.send_object(stream_layout(model), first):
         placement._wait(work, first, "the weight layout")
@@ -170,6 +173,7 @@ def _train_policy(cfg: PolicyTrainConfig, run: Run, placement: Placement | None 
     strategy = run.strategy
     path = run.initial_model(tool_tokens=cfg.tools.enabled)
     model, processor = load_model(path, cfg.model.dtype)
+    use_video_settings(processor, **video_settings(cfg.data))
     tools = ToolBox(cfg.tools, processor_image_kwargs(processor)) if cfg.tools.enabled else None
     ref_model = teacher = None
     if cfg.algorithm.kl_coef > 0:

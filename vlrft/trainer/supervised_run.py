@@ -37,6 +37,7 @@ from data_pipelines.images import image_bounds
 from data_pipelines.readers import read_records
 from data_pipelines.records import PreferencePair, PromptRecord
 from data_pipelines.synthetic import heldout_seed, make_preference_pairs, make_prompt_records, synthetic_task
+from data_pipelines.video import use_video_settings
 from eval.benchmarks import user_benchmark
 from eval.runner import evaluate as run_eval
 from vlrft.algorithms import logprobs_from_logits, preference_loss, rpo_loss, sft_loss, shifted_targets
@@ -45,6 +46,7 @@ from vlrft.loop import Run, training_run
 from vlrft.models.loading import load_model
 from vlrft.rollout import RolloutConfig, make_engine
 from vlrft.rollout.trajectories import TrajectoryRunner
+from vlrft.run_config import video_settings
 from vlrft.sampling import share_over_ranks, shared_chunks
 from vlrft.supervised import SupervisedTrainer, steps_per_episode
 from vlrft.tools import CallError, ToolBox, ToolCall, format_tool_call
@@ -84,7 +86,9 @@ def prompt_records(cfg: Any, processor: Any) -> list[PromptRecord]:
 def pair_prompt(pair: PreferencePair) -> PromptRecord:
     """A pair's prompt with its chosen answer (``ground_truth`` for synthetic pairs) as the reference."""
     answer = pair.metadata.get("ground_truth", pair.chosen)
-    return PromptRecord(pair.id, pair.prompt, pair.images, str(answer), pair.task, pair.system, pair.metadata)
+    return PromptRecord(
+        pair.id, pair.prompt, pair.images, str(answer), pair.task, pair.system, pair.metadata, videos=pair.videos
+    )
 
 
 def preference_pairs(source: str, size: int, seed: int, cfg: Any, processor: Any) -> list[PreferencePair]:
@@ -377,6 +381,7 @@ def train_sft(cfg: SFTTrainConfig) -> dict[str, Any]:
 def _train_sft(cfg: SFTTrainConfig, run: Run) -> dict[str, Any]:
     strategy = run.strategy
     model, processor = load_model(run.initial_model(tool_tokens=cfg.tools.enabled), cfg.model.dtype)
+    use_video_settings(processor, **video_settings(cfg.data))
     tools = ToolBox(cfg.tools, processor_image_kwargs(processor)) if cfg.tools.enabled else None
     try:
         train = sft_records(cfg, processor, tools)
@@ -410,6 +415,7 @@ def _train_dpo(cfg: DPOTrainConfig, run: Run) -> dict[str, Any]:
     strategy = run.strategy
     path = run.initial_model()
     model, processor = load_model(path, cfg.model.dtype)
+    use_video_settings(processor, **video_settings(cfg.data))
     d = cfg.data
     train = preference_pairs(d.train_source, d.synthetic_train_size, cfg.train.seed, cfg, processor)
     if not train:
