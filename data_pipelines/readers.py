@@ -344,17 +344,20 @@ def _float(value: Any, name: str) -> float:
 _IMAGE_TYPES = (str, Path, bytes, bytearray, dict, Image.Image)
 
 
-def _image_list(value: Any) -> list[Any]:
+def _media_items(value: Any, name: str) -> list[Any]:
+    """A record's ``images`` or ``videos`` value as a list: one item, a list, or a JSON list in a CSV cell."""
     if value is None:
         return []
     if isinstance(value, str) and value.lstrip().startswith("["):  # CSV cells hold a JSON list
         try:
             value = json.loads(value)
         except json.JSONDecodeError as exc:
-            raise DataError(
-                f"images cell is not a JSON list ({exc.msg})", category="wrong type", field="images"
-            ) from None
-    items = list(value) if isinstance(value, (list, tuple)) else [value]
+            raise DataError(f"{name} cell is not a JSON list ({exc.msg})", category="wrong type", field=name) from None
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def _image_list(value: Any) -> list[Any]:
+    items = _media_items(value, "images")
     for i, item in enumerate(items):
         if not isinstance(item, _IMAGE_TYPES):
             raise DataError(
@@ -365,16 +368,7 @@ def _image_list(value: Any) -> list[Any]:
 
 def video_list(value: Any) -> list[Any]:
     """A record's ``videos``: each a path (text) or a list of frame images (one video); a JSON list in a CSV cell."""
-    if value is None:
-        return []
-    if isinstance(value, str) and value.lstrip().startswith("["):  # CSV cells hold a JSON list
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as exc:
-            raise DataError(
-                f"videos cell is not a JSON list ({exc.msg})", category="wrong type", field="videos"
-            ) from None
-    items = list(value) if isinstance(value, (list, tuple)) else [value]
+    items = _media_items(value, "videos")
     for i, item in enumerate(items):
         frames = isinstance(item, (list, tuple)) and item and all(isinstance(f, _IMAGE_TYPES) for f in item)
         if not isinstance(item, (str, Path)) and not frames:

@@ -7,8 +7,8 @@ first frame has the same distribution for both answers; any two frames tell the 
 (``n // 2`` each, shuffled). The same ``(n, seed, options)`` gives the same videos.
 
 Records are plain rows in the issue's record format (``id``, ``prompt`` with a ``<video>`` placeholder,
-``videos: [path]``, ``answer``, ``task``, ``metadata``), ready for a JSONL file; the record classes have no
-``videos`` field yet (``data_pipelines.records.UNREAD_MEDIA``).
+``videos: [absolute path]``, ``answer``, ``task``, ``metadata``), ready for a JSONL file anywhere (the readers
+resolve a relative video path from the data file's folder).
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ def make_dot_motion_records(
             {
                 "id": f"dot_motion-{seed}-{i}",
                 "prompt": QUESTION,
-                "videos": [str(path)],
+                "videos": [str(path.resolve())],  # absolute: the JSONL may be anywhere
                 "answer": direction,
                 "task": "dot_motion",
                 "metadata": {

@@ -432,6 +432,17 @@ class QwenVideoProcessor:
         return video
 
 
+def preview_frames(src: Any, n: int = 8, *, base_dir: str | Path | None = None) -> list[Image.Image]:
+    """Up to ``n`` frames spread evenly over a video (file or frame list), as found (not resized): what a report
+    shows of a video. Failures as :func:`load_video`'s."""
+    if isinstance(src, (list, tuple)):
+        picks = np.linspace(0, len(src) - 1, min(n, len(src))).round().astype(int).tolist()
+        return [load_image(src[i], max_pixels=None, base_dir=base_dir) for i in picks]
+    info = probe_video(src, base_dir=base_dir)
+    picks = np.linspace(0, info.total_frames - 1, min(n, info.total_frames)).round().astype(int).tolist()
+    return list(iter_frames(info.path, picks))
+
+
 def use_video_settings(processor: Any, **settings: Any) -> None:
     """Make ``processor`` sample and size videos by ``settings`` (those of :class:`VideoSettings`, checked); a
     processor without a :class:`QwenVideoProcessor` (a text tokenizer, a stock one) is left as it is."""

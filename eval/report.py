@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from data_pipelines.images import load_image, png_data_uri
+from data_pipelines.video import preview_frames
 
 THUMBNAIL_PX = 384
 _STYLE = """
@@ -21,6 +22,7 @@ table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:.2em .6em;tex
 .right{border-left:6px solid #2a2}.wrong{border-left:6px solid #c22}
 pre{white-space:pre-wrap;background:#f6f6f6;padding:.4em;margin:.3em 0}
 .ok{color:#2a2;font-weight:bold}.bad{color:#c22;font-weight:bold}img{max-width:384px;display:block}
+.strip{display:flex;gap:2px}.strip img{display:inline}
 """
 _SCRIPT = """
 function show(which){for(const el of document.querySelectorAll('.problem')){
@@ -37,6 +39,19 @@ def image_data_uri(image: Any) -> str | None:
         return None
     im.thumbnail((THUMBNAIL_PX, THUMBNAIL_PX))
     return png_data_uri(im)
+
+
+def video_strip(video: Any) -> str:
+    """A strip of thumbnails of up to 8 frames spread over a record's video (path or frame list)."""
+    try:
+        frames = preview_frames(video)
+    except Exception:  # noqa: BLE001 - a report shows what it can; the run already used the video
+        return "<p>(video could not be read)</p>"
+    cells = []
+    for im in frames:
+        im.thumbnail((THUMBNAIL_PX // 2, THUMBNAIL_PX // 2))
+        cells.append(f"<img src='{png_data_uri(im)}' alt='video frame'>")
+    return "<div class='strip'>" + "".join(cells) + "</div>"
 
 
 def _metrics_table(metrics: dict[str, Any]) -> str:
@@ -76,6 +91,7 @@ def render_report(
     ``turn_images[(id, response index)]``). A problem counts as right when any response is correct.
     A row may name its own ``heading`` (instead of "k/n correct") and a response its own ``mark``."""
     images = {r.id: list(r.images) for r in records}
+    videos = {r.id: list(getattr(r, "videos", ())) for r in records}
     esc = html.escape
     parts = [
         f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{esc(title)}</title>",
@@ -93,6 +109,7 @@ def render_report(
         for img in images.get(row["id"], []):
             uri = image_data_uri(img)
             parts.append(f"<img src='{uri}' alt='problem image'>" if uri else "<p>(image could not be read)</p>")
+        parts += [video_strip(video) for video in videos.get(row["id"], [])]
         parts.append(f"<b>Prompt</b><pre>{esc(row['prompt'])}</pre><b>Reference:</b> {esc(str(row['answer']))}")
         for i, resp in enumerate(row["responses"]):
             label = resp.get("mark") or ("✓ right" if resp["correct"] else "✗ wrong")

@@ -31,6 +31,7 @@ from reward_models.verifiers import Verifier, get_verifier
 from vlrft.errors import RunFolderError
 from vlrft.rollout import RolloutConfig, SamplingParams, make_engine
 from vlrft.rollout.trajectories import turn_log
+from vlrft.tracking import video_refs
 
 logger = logging.getLogger("eval")
 SAMPLES, METRICS, REPORT, RUN = "samples.jsonl", "metrics.json", "report.html", "run.json"
@@ -76,6 +77,7 @@ def score_problem(
         "id": record.id,
         "prompt": prompt_text if prompt_text is not None else record.prompt,
         "images": image_refs(record),
+        **({"videos": video_refs(record.videos)} if record.videos else {}),
         "answer": record.answer,
         "num_correct": sum(r["correct"] for r in responses),
         "responses": responses,

@@ -74,6 +74,8 @@ class FunctionSourceConfig(RewardSourceConfig):
 class FunctionSource(RewardSource):
     """The user's function, in worker processes or inline (see the module doc)."""
 
+    reads_videos = True  # Sample.videos: the function is given the video paths
+
     def __init__(self, cfg: FunctionSourceConfig, context: SourceContext):
         super().__init__(cfg, context)
         self.key = f"reward source {cfg.name!r}"

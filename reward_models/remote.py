@@ -39,8 +39,9 @@ from reward_models.verifiers import VerifierResult
 
 T = TypeVar("T")
 R = TypeVar("R")
-# a multi-turn trajectory (its PIL images) does not travel: a served source scores the last turn
-SAMPLE_FIELDS = tuple(f.name for f in fields(Sample) if f.name != "trajectory")
+# a multi-turn trajectory (its PIL images) does not travel: a served source scores the last turn; nor do videos
+# (local paths; a served source is refused video records before training: reward_models.sources.reads_videos)
+SAMPLE_FIELDS = tuple(f.name for f in fields(Sample) if f.name not in ("trajectory", "videos"))
 REQUIRED_FIELDS = ("id", "prompt", "response")
 BACKOFF_S = 0.5  # the wait before retry k (k = 0, 1, ...) is BACKOFF_S * 2**k
 

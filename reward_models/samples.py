@@ -37,6 +37,7 @@ class Sample:
     metadata: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
     trajectory: list[dict[str, Any]] | None = None
+    videos: list[Any] = field(default_factory=list)  # the record's videos (paths, or frame lists), as read
 
     @property
     def messages(self) -> list[dict[str, Any]]:
@@ -66,6 +67,7 @@ def samples_of(
             metadata=dict(r.metadata),
             extra=dict(extra[i]) if extra else {},
             trajectory=trajectories[i] if trajectories else None,
+            videos=list(getattr(r, "videos", ())),
         )
         for i, (r, resp) in enumerate(zip(records, responses))
     ]

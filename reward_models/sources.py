@@ -113,6 +113,9 @@ class RewardSource:
     config: ClassVar[type[RewardSourceConfig]] = RewardSourceConfig
     holds_model: ClassVar[bool] = False
     reads_images: ClassVar[bool] = True  # (unknown for a user's function: assumed)
+    # whether it is given the samples' videos (``Sample.videos``: a user's function is); a source that reads images
+    # but not videos would score a video prompt without its video, so preflight refuses such records for it
+    reads_videos: ClassVar[bool] = False
 
     def __init__(self, cfg: Any, context: SourceContext):
         self.cfg, self.name = cfg, cfg.name

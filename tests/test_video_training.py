@@ -303,3 +303,63 @@ def test_train_sft_and_train_policy_run_on_video_records(arch, tiny_model, tmp_p
     assert [r["step"] for r in steps] == [1, 2] and all(r["train/grad_norm"] > 0 for r in steps)
     logged = [json.loads(x) for x in (rl / "samples.jsonl").read_text().splitlines()]
     assert logged and all(r["video"] == [str(tmp_path / "videos" / f"{r['id']}.mp4")] for r in logged)
+
+
+def test_reward_models_refuse_video_records_in_one_line_and_vlrft_eval_reads_them(tiny_model, tmp_path, capsys):
+    """A reward model reads images only: train-policy with a scalar reward model scoring video records, and
+    train-reward-model on preference pairs with videos, are each one line before any model loads (a video left out
+    of what a reward model sees would be silently wrong). ``vlrft eval`` generates on video records (hf engine)."""
+    data = _video_jsonl(tmp_path, 4, seed=1)
+    srm = tiny_model("qwen2_5_vl")
+    capsys.readouterr()  # (the model's build output, when built here)
+    rm = "reward.sources=[{name: rm, kind: srm, path: " + str(srm) + "}]"
+    out = tmp_path / "rl"
+    args = ["train-policy", f"data.train_source={data}", "data.eval_source=", "rollout.rollout_batch_size=2", rm]
+    assert main([*args, f"train.output_dir={out}", *QUIET]) == 2
+    first = json.loads(data.read_text().splitlines()[0])["id"]
+    assert capsys.readouterr().err == (
+        f"vlrft train-policy: data error: {data}:1 field 'videos': record {first!r} has 1 video(s), which reward "
+        f"source 'rm' (srm {srm}) does not see (reward models read images only): score video records with verifiers or "
+        "functions\n"
+    )
+    assert not out.exists()
+    pairs = tmp_path / "pairs.jsonl"
+    row = {"id": "p", "prompt": "<video>Which way?", "chosen": "left", "rejected": "right"}
+    pairs.write_text(json.dumps({**row, "videos": [str(tmp_path / "videos" / f"{first}.mp4")]}) + "\n")
+    rm_args = ["train-reward-model", f"data.train_source={pairs}", "optim.lr=1e-3"]
+    assert main([*rm_args, f"train.output_dir={tmp_path / 'rm'}"]) == 2
+    assert capsys.readouterr().err == (
+        f"vlrft train-reward-model: data error: {pairs}:1 field 'videos': record 'p' has 1 video(s); "
+        "train-reward-model reads images only (videos train policies: train-sft, train-policy)\n"
+    )
+    args = ["eval", "--benchmark", "dots", "--verifier", "exact_match", "--model", str(tiny_model("qwen3_vl"))]
+    args += ["--data", str(data), "--out", str(tmp_path / "eval"), "--max-new-tokens", "2", "--no-progress"]
+    assert main(args) == 0
+    report = json.loads((tmp_path / "eval" / "metrics.json").read_text())
+    assert report["num_problems"] == 4
+    rows = [json.loads(x) for x in (tmp_path / "eval" / "samples.jsonl").read_text().splitlines()]
+    assert [r["videos"] for r in rows] == [[str(tmp_path / "videos" / f"{r['id']}.mp4")] for r in rows]
+    page = (tmp_path / "eval" / "report.html").read_text()
+    assert page.count("alt='video frame'") == 4 * 8  # a strip of 8 frames per video (each has 8)
+
+
+def test_the_example_in_docs_video_runs_as_written(tmp_path, monkeypatch):
+    """docs/video.md's example: its Python block as written (writing the dot-motion files), then its two commands
+    as written, cut to two steps each (the full run is tests/test_video_learning.py)."""
+    import re
+    import shlex
+
+    text = (Path(__file__).parents[1] / "docs" / "video.md").read_text()
+    example = text[text.index("## Example") :]
+    code = re.findall(r"```python\n(.*?)```", example, re.S)[0]
+    commands = re.findall(r"```bash\n(.*?)```", example, re.S)[0].replace("\\\n", " ").strip().splitlines()
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "dots").mkdir()
+    exec(compile(code, "docs/video.md", "exec", dont_inherit=True), {"__name__": "docs_example"})
+    assert len((tmp_path / "dots" / "train.jsonl").read_text().splitlines()) == 256
+    assert len(commands) == 2
+    for line in commands:
+        words = shlex.split(line)
+        assert words[0] == "vlrft"
+        assert main([*words[1:], "train.max_steps=2", "train.eval_every=0", *QUIET]) == 0
+    assert (tmp_path / "runs" / "dots-grpo" / "final" / "model.safetensors").is_file()

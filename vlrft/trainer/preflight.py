@@ -170,6 +170,14 @@ def record_check(pool: RewardPoolConfig, vision: bool, model_key: str) -> Callab
                 raise DataError(str(e), category="no verdict", field="target") from None
         for s in _sources_for(pool, record.task):
             what = SOURCE_KINDS[s.kind].describe(s)
+            kind = SOURCE_KINDS[s.kind]
+            if getattr(record, "videos", None) and kind.reads_images and not kind.reads_videos:
+                raise DataError(
+                    f"record {record.id!r} has {len(record.videos)} video(s), which reward source {s.name!r} ({what}) "
+                    "does not see (reward models read images only): score video records with verifiers or functions",
+                    category="videos for an image-only reward source",
+                    field="videos",
+                )
             if "answer" in needs[s.name] and (record.answer is None or not str(record.answer).strip()):
                 raise DataError(
                     f"record {record.id!r} has no answer, which reward source {s.name!r} ({what}) needs",
@@ -307,6 +315,24 @@ def preflight_supervised(cfg: Any) -> dict[str, SkipReport]:
     return reports
 
 
+def _reward_model_check(vision: bool, cfg: RewardModelTrainConfig) -> Callable[[Any], None]:
+    """A reward model's record: images only for a vision-language model, and no videos (its encoding takes images
+    only: a video would be left out of what it learns from)."""
+    text_only = images_check(vision, model_key(cfg))
+
+    def check(record: Any) -> None:
+        text_only(record)
+        if record.videos:
+            raise DataError(
+                f"record {record.id!r} has {len(record.videos)} video(s); train-reward-model reads images only "
+                "(videos train policies: train-sft, train-policy)",
+                category="videos for a reward model",
+                field="videos",
+            )
+
+    return check
+
+
 def preflight_reward_model(cfg: RewardModelTrainConfig) -> dict[str, SkipReport]:
     """Every check of ``vlrft train-reward-model`` that needs no model: model folder, data, output folder."""
     check_output_dir(cfg.train.output_dir, "train.output_dir", final="final")
@@ -322,7 +348,7 @@ def preflight_reward_model(cfg: RewardModelTrainConfig) -> dict[str, SkipReport]
             )
         if source and synthetic_task(source) is None:
             reports[key] = check_data_source(
-                source, key, kind, cfg.data.on_bad_record, images_check(vision, model_key(cfg))
+                source, key, kind, cfg.data.on_bad_record, _reward_model_check(vision, cfg)
             )
     train = reports.get("data.train_source")
     if train is not None and train.kept == 0:
