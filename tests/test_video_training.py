@@ -306,8 +306,9 @@ def test_train_sft_and_train_policy_run_on_video_records(arch, tiny_model, tmp_p
 
 
 def test_reward_models_refuse_video_records_in_one_line_and_vlrft_eval_reads_them(tiny_model, tmp_path, capsys):
-    """A reward model reads images only: train-policy with a scalar reward model scoring video records, and
-    train-reward-model on preference pairs with videos, are each one line before any model loads (a video left out
+    """A reward model reads images only: train-policy with a scalar reward model scoring video records, train-policy
+    on the vllm engine, and train-reward-model on preference pairs with videos, are each one line before any model
+    loads (a video left out
     of what a reward model sees would be silently wrong). ``vlrft eval`` generates on video records (hf engine)."""
     data = _video_jsonl(tmp_path, 4, seed=1)
     srm = tiny_model("qwen2_5_vl")
@@ -323,6 +324,11 @@ def test_reward_models_refuse_video_records_in_one_line_and_vlrft_eval_reads_the
         "functions\n"
     )
     assert not out.exists()
+    assert main([*args[:-1], "rollout.engine=vllm", f"train.output_dir={out}", *QUIET]) == 2
+    assert capsys.readouterr().err == (
+        f"vlrft train-policy: data error: {data}:1 field 'videos': record {first!r} has 1 video(s); "
+        "rollout.engine=vllm takes images only; use rollout.engine=hf for video records\n"
+    )
     pairs = tmp_path / "pairs.jsonl"
     row = {"id": "p", "prompt": "<video>Which way?", "chosen": "left", "rejected": "right"}
     pairs.write_text(json.dumps({**row, "videos": [str(tmp_path / "videos" / f"{first}.mp4")]}) + "\n")

@@ -267,6 +267,8 @@ def preflight_policy(cfg: PolicyTrainConfig, world: int | None = None) -> dict[s
         if cfg.model.path:  # a tiny model built at the start is checked against the teacher then
             check_teacher(cfg.teacher.path, cfg.model.path)
     check = record_check(cfg.reward, vision, model_key(cfg))
+    if cfg.rollout.engine == "vllm":  # vlrft hands vLLM images only
+        check = _no_videos(check, "rollout.engine=vllm takes images only; use rollout.engine=hf for video records")
     reports = {}
     for key, source in (("data.train_source", cfg.data.train_source), ("data.eval_source", cfg.data.eval_source)):
         if source and synthetic_task(source) is None:
@@ -315,22 +317,24 @@ def preflight_supervised(cfg: Any) -> dict[str, SkipReport]:
     return reports
 
 
+def _no_videos(check: Callable[[Any], None], why: str) -> Callable[[Any], None]:
+    """``check``, then a record with videos refused: ``why`` says what does not take them and what does."""
+
+    def checked(record: Any) -> None:
+        check(record)
+        if record.videos:
+            raise DataError(
+                f"record {record.id!r} has {len(record.videos)} video(s); {why}", category="videos", field="videos"
+            )
+
+    return checked
+
+
 def _reward_model_check(vision: bool, cfg: RewardModelTrainConfig) -> Callable[[Any], None]:
     """A reward model's record: images only for a vision-language model, and no videos (its encoding takes images
     only: a video would be left out of what it learns from)."""
-    text_only = images_check(vision, model_key(cfg))
-
-    def check(record: Any) -> None:
-        text_only(record)
-        if record.videos:
-            raise DataError(
-                f"record {record.id!r} has {len(record.videos)} video(s); train-reward-model reads images only "
-                "(videos train policies: train-sft, train-policy)",
-                category="videos for a reward model",
-                field="videos",
-            )
-
-    return check
+    why = "train-reward-model reads images only (videos train policies: train-sft, train-policy)"
+    return _no_videos(images_check(vision, model_key(cfg)), why)
 
 
 def preflight_reward_model(cfg: RewardModelTrainConfig) -> dict[str, SkipReport]:
