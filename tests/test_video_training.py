@@ -369,3 +369,48 @@ def test_the_example_in_docs_video_runs_as_written(tmp_path, monkeypatch):
         assert words[0] == "vlrft"
         assert main([*words[1:], "train.max_steps=2", "train.eval_every=0", *QUIET]) == 0
     assert (tmp_path / "runs" / "dots-grpo" / "final" / "model.safetensors").is_file()
+
+
+def test_chat_records_take_videos_as_placeholders_parts_and_columns(tiny_model, videos, tmp_path):
+    """train-sft's chat rows: a ``<video>`` placeholder filled from ``videos``, an inline ``{"type": "video"}`` part,
+    and a prompt + response row; each encodes its video (tokens from the file, labels on the answer only), and a
+    bad video in a chat row is one located line."""
+    from data_pipelines.chat import IGNORE_INDEX, encode_chat, read_chat_records
+
+    _, proc = load_model(tiny_model("qwen2_5_vl"), torch.float32)
+    use_video_settings(proc, **SMALL)
+    rows = [
+        {
+            "messages": [{"role": "user", "content": "<video>Which way?"}, {"role": "assistant", "content": "left"}],
+            "videos": [videos["a"].name],
+        },
+        {
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [{"type": "video", "video": str(videos["b"])}, {"type": "text", "text": "Which way?"}],
+                },
+                {"role": "assistant", "content": "right"},
+            ]
+        },
+        {"prompt": "Which way?", "response": "left", "videos": [videos["frames"]]},
+    ]
+    data = videos["a"].parent / "chats.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    chats, report = read_chat_records(data, processor=proc)
+    assert report.kept == 3 and [c.videos for c in chats] == [
+        [str(videos["a"])],
+        [str(videos["b"])],
+        [videos["frames"]],
+    ]
+    video_id = proc.tokenizer.convert_tokens_to_ids("<|video_pad|>")
+    for chat, answer in zip(chats, ["left", "right", "left"]):
+        enc = encode_chat(proc, chat)
+        assert enc.num_videos == 1 and int((enc.input_ids == video_id).sum()) > 0
+        target = enc.labels[enc.labels != IGNORE_INDEX]
+        assert proc.tokenizer.decode(target) == f"{answer}<|im_end|>"
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"prompt": "Which way?", "response": "left", "videos": ["nope.mp4"]}) + "\n")
+    with pytest.raises(DataError) as err:
+        read_chat_records(bad, processor=proc)
+    assert str(err.value) == f"{bad}:1 field 'messages[0]': file not found: {tmp_path / 'nope.mp4'}"
