@@ -65,6 +65,24 @@ class JudgmentRecord:
     videos: list[Any] = field(default_factory=list)  # video paths (or frame lists), <video> placeholders
 
 
+@dataclass(frozen=True)
+class VideoPart:
+    """A video among a record's media in one list (:func:`media`): the path or frame list as the record keeps it."""
+
+    src: Any
+
+
+def media(record: Any) -> list[Any]:
+    """A record's images, then its videos as :class:`VideoPart`: the one list the reward models' encoders take (each
+    kind still goes to its own placeholders: ``split_media``)."""
+    return [*record.images, *(VideoPart(v) for v in getattr(record, "videos", ()))]
+
+
+def split_media(items: list[Any]) -> tuple[list[Any], list[Any]]:
+    """``(images, videos)`` of a :func:`media` list."""
+    return [x for x in items if not isinstance(x, VideoPart)], [x.src for x in items if isinstance(x, VideoPart)]
+
+
 # media a record may carry that vlrft does not read
 UNREAD_MEDIA = ("audio", "audios")
 

@@ -16,22 +16,24 @@ import torch
 from data_pipelines.collate import processor_image_kwargs, tokenizer_of
 from data_pipelines.formatting import build_messages, text_only_messages
 from data_pipelines.images import load_image
-from data_pipelines.records import PromptRecord
+from data_pipelines.records import PromptRecord, VideoPart, split_media
 
 
 def load_images(images: list[Any], processor: Any) -> list[Any]:
     """Records' images as RGB PIL images sized by the processor's own pixel bounds (paths, bytes, data
-    URIs or PIL objects)."""
+    URIs or PIL objects); videos (``VideoPart``, :func:`~data_pipelines.records.media`) are kept as they are."""
 
     kwargs = processor_image_kwargs(processor)
-    return [load_image(im, **kwargs) for im in images]
+    return [im if isinstance(im, VideoPart) else load_image(im, **kwargs) for im in images]
 
 
 def conversation(prompt: str, images: list[Any], response: str | None, system: str | None = None) -> list[dict]:
     """Chat messages: optional system turn, the user turn with ``images`` inline (at the ``<image>``
-    placeholders, else first) and, when ``response`` is given, the response as the assistant turn."""
+    placeholders, else first; videos given as ``VideoPart`` at the ``<video>`` ones) and, when ``response`` is
+    given, the response as the assistant turn."""
 
-    record = PromptRecord(id="", prompt=prompt, images=list(images), system=system)
+    pictures, videos = split_media(list(images))
+    record = PromptRecord(id="", prompt=prompt, images=pictures, system=system, videos=videos)
     return build_messages(record, response=response)
 
 
@@ -55,12 +57,12 @@ def tokenize_texts(processor: Any, texts: list[str], images: list[list[Any]], pa
     old_side = tok.padding_side
     tok.padding_side = padding_side
     try:
-        flat = [im for ims in images for im in ims]
+        flat, videos = split_media([im for ims in images for im in ims])
         if _is_processor(processor):
-            batch = processor(text=texts, images=flat or None, padding=True, return_tensors="pt")
+            batch = processor(text=texts, images=flat or None, videos=videos or None, padding=True, return_tensors="pt")
         else:
-            if flat:
-                raise ValueError("a text-only model (tokenizer, no image processor) was given images")
+            if flat or videos:
+                raise ValueError("a text-only model (tokenizer, no image processor) was given images or videos")
             batch = tok(texts, padding=True, return_tensors="pt", add_special_tokens=False)
     finally:
         tok.padding_side = old_side

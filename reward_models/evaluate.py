@@ -21,6 +21,7 @@ import torch
 
 from data_pipelines import synthetic
 from data_pipelines.readers import read_records
+from data_pipelines.records import media
 from reward_models.generative import generate_judgments, parse_judgment
 from reward_models.scalar import HEAD_CONFIG, ScalarRewardModel, score_responses
 from vlrft.models.loading import load_model, load_processor
@@ -134,8 +135,8 @@ def evaluate_reward_model(
         )
         model = ScalarRewardModel.from_pretrained(model_dir).to(dev)
         processor = load_processor(str(model_dir))
-        items = [(p.prompt, p.images, p.chosen, p.system) for p in pairs]
-        items += [(p.prompt, p.images, p.rejected, p.system) for p in pairs]
+        items = [(p.prompt, media(p), p.chosen, p.system) for p in pairs]
+        items += [(p.prompt, media(p), p.rejected, p.system) for p in pairs]
         rewards = score_responses(model, processor, items, batch_size, device=dev)
         counts = pair_counts(rewards[: len(pairs)], rewards[len(pairs) :], [p.tie for p in pairs])
         return {"kind": "srm", **_undefined_when_empty(reward_metrics("srm", counts), "pairwise_accuracy")}
@@ -145,7 +146,7 @@ def evaluate_reward_model(
     )
     model, processor = load_model(model_dir, device=dev)
     engine = make_engine(RolloutConfig.on_model(micro_batch_size=batch_size), model, processor)
-    texts = generate_judgments(engine, processor, [(r.prompt, r.images, r.system) for r in records], max_new_tokens)
+    texts = generate_judgments(engine, processor, [(r.prompt, media(r), r.system) for r in records], max_new_tokens)
     counts = judgment_counts(texts, [r.target for r in records], judge_mode)
     return {"kind": "grm", **_undefined_when_empty(reward_metrics("grm", counts), "judgment_accuracy")}
 

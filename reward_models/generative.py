@@ -32,7 +32,7 @@ import torch
 
 from data_pipelines.collate import encode_prompt
 from data_pipelines.formatting import JUDGE_SYSTEM_PROMPT, POINTWISE_JUDGE_TEMPLATE, judgment_prompt
-from data_pipelines.records import PromptRecord
+from data_pipelines.records import PromptRecord, split_media
 from reward_models.judgments import MODES, extract_answer, read_verdict
 from vlrft.models.loading import load_model
 from vlrft.rollout import DEFAULT_ENGINE, RolloutConfig, SamplingParams, make_engine
@@ -143,8 +143,9 @@ def generate_judgments(
     (``vlrft.rollout.make_engine``: the policy's generation path, sharded judges in lockstep)."""
 
     prompts = [
-        encode_prompt(processor, PromptRecord(id=str(i), prompt=text, images=list(ims), system=system))
+        encode_prompt(processor, PromptRecord(id=str(i), prompt=text, images=pics, system=system, videos=videos))
         for i, (text, ims, system) in enumerate(items)
+        for pics, videos in [split_media(list(ims))]
     ]
     sampling = SamplingParams(n=1, temperature=0.0, max_new_tokens=max_new_tokens)
     return [r.text for r in engine.generate(prompts, sampling)]

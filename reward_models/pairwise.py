@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from data_pipelines.formatting import PAIRWISE_JUDGE_SYSTEM_PROMPT, PAIRWISE_JUDGE_TEMPLATE, pairwise_prompt
-from data_pipelines.records import PromptRecord
+from data_pipelines.records import PromptRecord, media
 from reward_models.judgments import preference, read_verdict, swap_debiased, win_rates
 
 DEBIAS = ("none", "swap")
@@ -72,7 +72,7 @@ class PairwiseJudge:
             missing = [r.id for r in records if not r.answer]
             if missing:
                 raise ValueError(f"pairwise_against: reference needs the records' answer; missing for {missing[:3]}")
-            items = [(r.prompt, r.images, resp, r.answer) for r, resp in zip(records, responses)]
+            items = [(r.prompt, media(r), resp, r.answer) for r, resp in zip(records, responses)]
             return self.compare(items, micro_batch_size)
         groups: list[list[int]] = []
         for i, rec in enumerate(records):
@@ -82,7 +82,7 @@ class PairwiseJudge:
                 groups.append([i])
         pairs = [(g[x], g[y]) for g in groups for x in range(len(g)) for y in range(x + 1, len(g))]
         prefs = self.compare(
-            [(records[i].prompt, records[i].images, responses[i], responses[j]) for i, j in pairs], micro_batch_size
+            [(records[i].prompt, media(records[i]), responses[i], responses[j]) for i, j in pairs], micro_batch_size
         )
         scores = [0.5] * len(records)
         for g in groups:

@@ -38,6 +38,7 @@ from typing import Any, Callable, ClassVar, Optional
 import torch
 
 from data_pipelines.formatting import JUDGE_SYSTEM_PROMPT, POINTWISE_JUDGE_TEMPLATE
+from data_pipelines.records import media
 from reward_models.generative import GenerativeRewardModel
 from reward_models.judgments import MODES
 from reward_models.pairwise import AGAINST, DEBIAS, PairwiseJudge
@@ -113,8 +114,8 @@ class RewardSource:
     config: ClassVar[type[RewardSourceConfig]] = RewardSourceConfig
     holds_model: ClassVar[bool] = False
     reads_images: ClassVar[bool] = True  # (unknown for a user's function: assumed)
-    # whether it is given the samples' videos (``Sample.videos``: a user's function is); a source that reads images
-    # but not videos would score a video prompt without its video, so preflight refuses such records for it
+    # whether it sees the samples' videos (a reward model encodes them, a user's function gets ``Sample.videos``); a
+    # source that reads images but not videos would score a video prompt without its video: preflight refuses it
     reads_videos: ClassVar[bool] = False
 
     def __init__(self, cfg: Any, context: SourceContext):
@@ -280,13 +281,15 @@ class ModelSource(RewardSource, Offloadable):
 class ScalarRMSource(ModelSource):
     """A scalar reward model (``ScalarRewardModel.save_pretrained`` folder): one value per response."""
 
+    reads_videos = True  # its prompts are encoded with their videos (data_pipelines.records.media)
+
     def __init__(self, cfg: SRMSourceConfig, context: SourceContext):
         super().__init__(cfg, context)
         self.model = ScalarRewardModel.from_pretrained(cfg.path).eval().requires_grad_(False)
         self.processor = load_processor(cfg.path)
 
     def _score(self, samples: list[Sample]) -> Scores:
-        items = [(s.prompt, s.images, s.response, s.system) for s in samples]
+        items = [(s.prompt, media(s), s.response, s.system) for s in samples]
         c = self.cfg
         return Scores(score_responses(self.model, self.processor, items, c.micro_batch_size, c.max_length, self.device))
 
@@ -295,6 +298,8 @@ class ScalarRMSource(ModelSource):
 class JudgeSource(ModelSource):
     """A generative judge: ``judge_mode: pointwise`` judges each response (its verdict parsed into a
     reward), ``pairwise`` compares responses (``reward_models.pairwise``); unparsable judgments are counted."""
+
+    reads_videos = True  # its prompts are encoded with their videos (data_pipelines.records.media)
 
     def __init__(self, cfg: GRMSourceConfig, context: SourceContext):
         super().__init__(cfg, context)
@@ -329,5 +334,5 @@ class JudgeSource(ModelSource):
             unparsable = float(self.pairwise.n_unparsable - before)
             return Scores(torch.tensor(values, dtype=torch.float32), extras={"unparsable": unparsable})
         before = self.grm.parser.n_unparsable
-        values, _ = self.grm.score([(s.prompt, s.images, s.response, s.system) for s in samples], c.micro_batch_size)
+        values, _ = self.grm.score([(s.prompt, media(s), s.response, s.system) for s in samples], c.micro_batch_size)
         return Scores(values, extras={"unparsable": float(self.grm.parser.n_unparsable - before)})

@@ -305,39 +305,60 @@ def test_train_sft_and_train_policy_run_on_video_records(arch, tiny_model, tmp_p
     assert logged and all(r["video"] == [str(tmp_path / "videos" / f"{r['id']}.mp4")] for r in logged)
 
 
-def test_reward_models_refuse_video_records_in_one_line_and_vlrft_eval_reads_them(tiny_model, tmp_path, capsys):
-    """A reward model reads images only: train-policy with a scalar reward model scoring video records, train-policy
-    on the vllm engine, and train-reward-model on preference pairs with videos, are each one line before any model
-    loads (a video left out
-    of what a reward model sees would be silently wrong). ``vlrft eval`` generates on video records (hf engine)."""
+def test_reward_models_score_and_train_on_videos_and_what_cannot_see_them_refuses(
+    tiny_model, srm_dir, tmp_path, capsys
+):
+    """Local reward models see videos: train-policy scored by a scalar reward model on video records, train-reward-model
+    (scalar, and judge) on records with videos, each trains; the RM's batches hold the videos' tokens. A served source
+    (``kind: openai_judge``, ``http``) and the vllm engine take images only: each is one line before any model loads.
+    ``vlrft eval`` generates on video records (hf engine), its report with a strip of frames per video."""
+    from reward_models.encoding import encode_responses
+
     data = _video_jsonl(tmp_path, 4, seed=1)
-    srm = tiny_model("qwen2_5_vl")
+    srm = srm_dir
     capsys.readouterr()  # (the model's build output, when built here)
-    rm = "reward.sources=[{name: rm, kind: srm, path: " + str(srm) + "}]"
-    out = tmp_path / "rl"
-    args = ["train-policy", f"data.train_source={data}", "data.eval_source=", "rollout.rollout_batch_size=2", rm]
-    assert main([*args, f"train.output_dir={out}", *QUIET]) == 2
     first = json.loads(data.read_text().splitlines()[0])["id"]
-    assert capsys.readouterr().err == (
+    out = tmp_path / "rl"
+    args = ["train-policy", f"data.train_source={data}", "data.eval_source=", "rollout.rollout_batch_size=2"]
+    args += ["train.max_steps=1", "rollout.max_new_tokens=2", "rollout.n_samples_per_prompt=2", *SMALL_CLI, *QUIET]
+    acc = "{name: acc, kind: verifier, verifier: vocab_answer}"
+    rm = "reward.sources=[" + acc + ", {name: rm, kind: srm, path: " + str(srm) + "}]"
+    assert main([*args, rm, f"train.output_dir={out}"]) == 0
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "reward/rm" in r] == [1]
+    served = "reward.sources=[" + acc + ", {name: served, kind: openai_judge, url: 'http://127.0.0.1:9', model: j}]"
+    assert main([*args, served, f"train.output_dir={tmp_path / 'h'}"]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
         f"vlrft train-policy: data error: {data}:1 field 'videos': record {first!r} has 1 video(s), which reward "
-        f"source 'rm' (srm {srm}) does not see (reward models read images only): score video records with verifiers or "
-        "functions\n"
+        "source 'served' (openai_judge j at http://127.0.0.1:9) does not see (served reward models take images only): "
+        "score video records with verifiers, functions or local reward models (srm, grm)"
     )
-    assert not out.exists()
-    assert main([*args[:-1], "rollout.engine=vllm", f"train.output_dir={out}", *QUIET]) == 2
+    assert main([*args, "rollout.engine=vllm", f"train.output_dir={tmp_path / 'v'}"]) == 2
     assert capsys.readouterr().err == (
         f"vlrft train-policy: data error: {data}:1 field 'videos': record {first!r} has 1 video(s); "
         "rollout.engine=vllm takes images only; use rollout.engine=hf for video records\n"
     )
-    pairs = tmp_path / "pairs.jsonl"
-    row = {"id": "p", "prompt": "<video>Which way?", "chosen": "left", "rejected": "right"}
-    pairs.write_text(json.dumps({**row, "videos": [str(tmp_path / "videos" / f"{first}.mp4")]}) + "\n")
-    rm_args = ["train-reward-model", f"data.train_source={pairs}", "optim.lr=1e-3"]
-    assert main([*rm_args, f"train.output_dir={tmp_path / 'rm'}"]) == 2
-    assert capsys.readouterr().err == (
-        f"vlrft train-reward-model: data error: {pairs}:1 field 'videos': record 'p' has 1 video(s); "
-        "train-reward-model reads images only (videos train policies: train-sft, train-policy)\n"
+    assert not (tmp_path / "h").exists() and not (tmp_path / "v").exists()
+
+    video = str(tmp_path / "videos" / f"{first}.mp4")
+    pairs, judgments = tmp_path / "pairs.jsonl", tmp_path / "judgments.jsonl"
+    row = {"prompt": "<video>Which way?", "videos": [video]}
+    pairs.write_text(
+        "".join(json.dumps({**row, "id": f"p{i}", "chosen": "left", "rejected": "right"}) + "\n" for i in range(4))
     )
+    judgments.write_text(
+        "".join(json.dumps({**row, "id": f"j{i}", "target": "<answer>yes</answer>"}) + "\n" for i in range(4))
+    )
+    for kind, source in (("srm", pairs), ("grm", judgments)):
+        run = tmp_path / f"rm-{kind}"
+        rm_args = ["train-reward-model", f"model.kind={kind}", f"data.train_source={source}", "data.eval_source="]
+        rm_args += ["optim.lr=1e-3", "train.max_steps=2", "train.batch_size=2", *SMALL_CLI, *QUIET]
+        assert main([*rm_args, f"train.output_dir={run}"]) == 0, kind
+        assert (run / "final").is_dir()
+    _, proc = load_model(tiny_model("qwen2_5_vl"), torch.float32)
+    batch = encode_responses(proc, [("<video>Which way?", media_of_video(video), "left", None)])
+    assert batch["video_grid_thw"].shape[0] == 1 and int((batch["input_ids"] == proc.video_token_id).sum()) > 0
+
     args = ["eval", "--benchmark", "dots", "--verifier", "exact_match", "--model", str(tiny_model("qwen3_vl"))]
     args += ["--data", str(data), "--out", str(tmp_path / "eval"), "--max-new-tokens", "2", "--no-progress"]
     assert main(args) == 0
@@ -347,6 +368,13 @@ def test_reward_models_refuse_video_records_in_one_line_and_vlrft_eval_reads_the
     assert [r["videos"] for r in rows] == [[str(tmp_path / "videos" / f"{r['id']}.mp4")] for r in rows]
     page = (tmp_path / "eval" / "report.html").read_text()
     assert page.count("alt='video frame'") == 4 * 8  # a strip of 8 frames per video (each has 8)
+
+
+def media_of_video(path: str) -> list:
+    from data_pipelines.records import PromptRecord as Record
+    from data_pipelines.records import media
+
+    return media(Record(id="x", prompt="", videos=[path]))
 
 
 def test_the_example_in_docs_video_runs_as_written(tmp_path, monkeypatch):

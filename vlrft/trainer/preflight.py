@@ -174,7 +174,8 @@ def record_check(pool: RewardPoolConfig, vision: bool, model_key: str) -> Callab
             if getattr(record, "videos", None) and kind.reads_images and not kind.reads_videos:
                 raise DataError(
                     f"record {record.id!r} has {len(record.videos)} video(s), which reward source {s.name!r} ({what}) "
-                    "does not see (reward models read images only): score video records with verifiers or functions",
+                    "does not see (served reward models take images only): score video records with verifiers, "
+                    "functions or local reward models (srm, grm)",
                     category="videos for an image-only reward source",
                     field="videos",
                 )
@@ -330,13 +331,6 @@ def _no_videos(check: Callable[[Any], None], why: str) -> Callable[[Any], None]:
     return checked
 
 
-def _reward_model_check(vision: bool, cfg: RewardModelTrainConfig) -> Callable[[Any], None]:
-    """A reward model's record: images only for a vision-language model, and no videos (its encoding takes images
-    only: a video would be left out of what it learns from)."""
-    why = "train-reward-model reads images only (videos train policies: train-sft, train-policy)"
-    return _no_videos(images_check(vision, model_key(cfg)), why)
-
-
 def preflight_reward_model(cfg: RewardModelTrainConfig) -> dict[str, SkipReport]:
     """Every check of ``vlrft train-reward-model`` that needs no model: model folder, data, output folder."""
     check_output_dir(cfg.train.output_dir, "train.output_dir", final="final")
@@ -352,7 +346,7 @@ def preflight_reward_model(cfg: RewardModelTrainConfig) -> dict[str, SkipReport]
             )
         if source and synthetic_task(source) is None:
             reports[key] = check_data_source(
-                source, key, kind, cfg.data.on_bad_record, _reward_model_check(vision, cfg)
+                source, key, kind, cfg.data.on_bad_record, images_check(vision, model_key(cfg))
             )
     train = reports.get("data.train_source")
     if train is not None and train.kept == 0:

@@ -16,6 +16,7 @@ import torch
 
 from data_pipelines.collate import model_inputs
 from data_pipelines.readers import read_records
+from data_pipelines.records import media
 from data_pipelines.synthetic import heldout_seed, make_judgment_records, make_preference_pairs, synthetic_task
 from data_pipelines.video import use_video_settings
 from reward_models.config import RewardModelTrainConfig
@@ -77,14 +78,14 @@ def _system(record: Any, cfg: RewardModelTrainConfig) -> str | None:
 
 def srm_batch(processor: Any, pairs: list, cfg: RewardModelTrainConfig) -> dict:
     """Chosen conversations then rejected ones, in one right-padded batch of 2B rows."""
-    items = [(p.prompt, p.images, p.chosen, _system(p, cfg)) for p in pairs]
-    items += [(p.prompt, p.images, p.rejected, _system(p, cfg)) for p in pairs]
+    items = [(p.prompt, media(p), p.chosen, _system(p, cfg)) for p in pairs]
+    items += [(p.prompt, media(p), p.rejected, _system(p, cfg)) for p in pairs]
     ids = [p.id for p in pairs] * 2
     return encode_responses(processor, items, cfg.data.max_length, ids)
 
 
 def grm_batch(processor: Any, records: list, cfg: RewardModelTrainConfig) -> dict:
-    items = [(r.prompt, r.images, r.target, _system(r, cfg)) for r in records]
+    items = [(r.prompt, media(r), r.target, _system(r, cfg)) for r in records]
     return encode_sft(processor, items, cfg.data.max_length, [r.id for r in records])
 
 
