@@ -442,3 +442,23 @@ def test_chat_records_take_videos_as_placeholders_parts_and_columns(tiny_model, 
     with pytest.raises(DataError) as err:
         read_chat_records(bad, processor=proc)
     assert str(err.value) == f"{bad}:1 field 'messages[0]': file not found: {tmp_path / 'nope.mp4'}"
+
+
+def test_sft_holds_no_decoded_video_between_batches(tiny_model, videos):
+    """train-sft's encoder caches image conversations but never a video's pixels (each batch decodes its videos); the
+    token count it plans micro-batches with comes from the headers and equals the encoded length."""
+    from data_pipelines.chat import ChatRecord, chat_from_prompt
+    from vlrft.config import load_config
+    from vlrft.trainer.supervised_config import SFTTrainConfig
+    from vlrft.trainer.supervised_run import SFTTask
+
+    _, proc = load_model(tiny_model("qwen2_5_vl"), torch.float32)
+    use_video_settings(proc, **SMALL)
+    task = SFTTask(proc, load_config(SFTTrainConfig, None, []), "cpu")
+    video = chat_from_prompt(_records(videos)[0], "left")
+    text = ChatRecord("t", [m for m in chat_from_prompt(_records(videos)[1], "ok").messages])
+    for chat in (video, text):
+        batch = task.encode([chat])
+        assert task.tokens(chat) == batch["input_ids"].shape[1]
+    assert "pixel_values_videos" in task.encode([video])
+    assert list(task.enc.cache) == [id(text)]

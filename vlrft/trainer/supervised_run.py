@@ -37,7 +37,7 @@ from data_pipelines.images import image_bounds
 from data_pipelines.readers import read_records
 from data_pipelines.records import PreferencePair, PromptRecord
 from data_pipelines.synthetic import heldout_seed, make_preference_pairs, make_prompt_records, synthetic_task
-from data_pipelines.video import use_video_settings
+from data_pipelines.video import counting_videos, use_video_settings
 from eval.benchmarks import user_benchmark
 from eval.runner import evaluate as run_eval
 from vlrft.algorithms import logprobs_from_logits, preference_loss, rpo_loss, sft_loss, shifted_targets
@@ -147,18 +147,36 @@ def sequence_logprobs(module: Any, batch: dict, device: Any) -> tuple[torch.Tens
 
 
 class _Encoder:
-    """Encodes conversations once per record (cached) and collates them (``tools``: the schemas listed)."""
+    """Encodes conversations once per record (cached) and collates them (``tools``: the schemas listed). A
+    conversation with videos is encoded again each time a batch takes it and never cached: its frames are decoded
+    per batch, not held for the whole dataset; its length is counted from the videos' headers."""
 
     def __init__(self, processor: Any, max_length: int, tools: list[dict] | None = None):
         self.processor, self.max_length, self.tools = processor, max_length, tools
         self.pad = tokenizer_of(processor).pad_token_id
         self.cache: dict[int, EncodedChat] = {}
+        self.lengths: dict[int, int] = {}
 
     def chat(self, record: ChatRecord) -> EncodedChat:
         key = id(record)
-        if key not in self.cache:
-            self.cache[key] = encode_chat(self.processor, record, self.max_length, self.tools)
-        return self.cache[key]
+        if key in self.cache:
+            return self.cache[key]
+        encoded = encode_chat(self.processor, record, self.max_length, self.tools)
+        if not record.videos:
+            self.cache[key] = encoded
+        return encoded
+
+    def length(self, record: ChatRecord) -> int:
+        """The conversation's tokens (videos counted from their headers, no frame decoded)."""
+        key = id(record)
+        if key not in self.lengths:
+            if record.videos:
+                with counting_videos(self.processor):
+                    encoded = encode_chat(self.processor, record, self.max_length, self.tools)
+            else:
+                encoded = self.chat(record)
+            self.lengths[key] = int(encoded.input_ids.numel())
+        return self.lengths[key]
 
     def collate(self, records: list[ChatRecord]) -> dict:
         return collate_chats([self.chat(r) for r in records], self.pad)
@@ -175,7 +193,7 @@ class SFTTask:
         return self.enc.collate(records)
 
     def tokens(self, record: ChatRecord) -> int:
-        return int(self.enc.chat(record).input_ids.numel())
+        return self.enc.length(record)
 
     def units(self, batch: dict) -> float:
         mask = batch["labels"][:, 1:] != -100
@@ -256,7 +274,7 @@ class DPOTask:
         return float(batch["ref_logps"].numel() // 2)
 
     def tokens(self, pair: PreferencePair) -> int:
-        return sum(int(self.enc.chat(c).input_ids.numel()) for c in self.conversations(pair))
+        return sum(self.enc.length(c) for c in self.conversations(pair))
 
     def pair_losses(self, module: Any, batch: dict) -> tuple[torch.Tensor, dict]:
         _, mask, seq = sequence_logprobs(module, batch, self.device)
