@@ -227,3 +227,31 @@ def test_train_sft_learns_the_colour_task(arch, tiny_model, tmp_path):
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     evals = {r["step"]: r["eval/accuracy"] for r in rows if "eval/accuracy" in r}
     assert evals[0] <= 0.3 and evals[60] >= 0.95, evals
+
+
+@pytest.mark.parametrize("arch", NEW)
+def test_train_dpo_train_reward_model_and_eval_run_on_each_new_arch(arch, tiny_model, tmp_path):
+    """Issue 60, item 2: train-dpo, train-reward-model (scalar head and judge) two steps each, and ``vlrft eval`` on
+    held-out colour records, on each new architecture (hybrid linear attention, experts) from its folder."""
+    from data_pipelines.synthetic import make_prompt_records, write_prompt_records
+
+    path = tiny_model(arch)
+    small = ["data.synthetic_train_size=8", "data.synthetic_eval_size=4", "train.max_steps=2", "train.batch_size=2"]
+    common = [f"model.path={path}", "optim.lr=1e-3", *small, *QUIET]
+    assert main(["train-dpo", *common, f"train.output_dir={tmp_path / 'dpo'}"]) == 0
+    rows = [json.loads(x) for x in (tmp_path / "dpo" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "eval/preference_accuracy" in r] == [0, 2]
+    for kind in ("srm", "grm"):
+        run = tmp_path / f"rm-{kind}"
+        assert main(["train-reward-model", f"model.kind={kind}", *common, f"train.output_dir={run}"]) == 0, kind
+        rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+        trained = [r for r in rows if "train/loss" in r]  # the log of the 2 steps (logged at the last)
+        assert [r["step"] for r in trained] == [2] and trained[0]["train/grad_norm"] > 0, kind
+        assert [r["step"] for r in rows if "eval/n" in r] == [0, 2] and (run / "final").is_dir(), kind
+    data = write_prompt_records(make_prompt_records("color", 4, seed=10_000), tmp_path / "held_out.jsonl")
+    args = ["eval", "--benchmark", "colors", "--verifier", "vocab_answer", "--model", str(path)]
+    assert (
+        main([*args, "--data", str(data), "--out", str(tmp_path / "eval"), "--max-new-tokens", "2", "--no-progress"])
+        == 0
+    )
+    assert json.loads((tmp_path / "eval" / "metrics.json").read_text())["num_problems"] == 4
