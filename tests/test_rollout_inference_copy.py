@@ -13,6 +13,7 @@ import torch
 from launch import run_job, subprocess_env, torchrun
 from tolerance import assert_within
 
+from vlrft.archs import ARCHS
 from vlrft.models.loading import load_model
 from vlrft.rollout import HFEngineConfig, SamplingParams, make_engine
 from vlrft.strategies import OptimConfig, StrategyConfig, make_strategy
@@ -36,13 +37,18 @@ def test_auto_keeps_one_cpu_process_on_the_training_module_and_copies_for_sharde
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("strategy", ["single", "fsdp2", "deepspeed"])
-def test_the_copy_samples_as_the_training_model_before_and_after_updates(tiny_model, tmp_path, strategy):
+@pytest.mark.parametrize(
+    "strategy, arch",
+    [("single", "qwen2_5_vl"), ("fsdp2", "qwen2_5_vl"), ("deepspeed", "qwen2_5_vl")]
+    + [("single", arch) for arch in ("qwen3_5", "qwen3_5_moe", "qwen3_vl_moe") if arch in ARCHS],
+)
+def test_the_copy_samples_as_the_training_model_before_and_after_updates(tiny_model, tmp_path, strategy, arch):
     """Greedy tokens identical; the log-probs of the copy's sampled tokens under the copy and under the
     training module agree (float32) before two AdamW steps and after the copy is refreshed from the weight
-    stream; between the steps and the refresh the copy is stale (what the check would catch)."""
+    stream; between the steps and the refresh the copy is stale (what the check would catch). Also on the new
+    architectures (hybrid linear attention, experts: issue 60, item 2), in one process."""
     out = tmp_path / "copy"
-    args = [str(SCRIPT), str(tiny_model("qwen2_5_vl")), str(out), strategy]
+    args = [str(SCRIPT), str(tiny_model(arch)), str(out), strategy]
     cmd = [sys.executable, *args] if strategy == "single" else torchrun(*args, nproc=2)
     res = run_job(cmd, env=subprocess_env(), timeout=840)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-6000:]
