@@ -76,16 +76,6 @@ class EncodedPrompt:
     def num_videos(self) -> int:
         return 0 if self.video_grid_thw is None else int(self.video_grid_thw.shape[0])
 
-    def media(self) -> dict[str, torch.Tensor]:
-        """The prompt's visual tensors by model keyword (images, videos and their per-item values; {} for none)."""
-        out = {}
-        for m in MODALITIES:
-            if getattr(self, m.pixels) is not None:
-                for key in (m.pixels, m.grid, *m.per_item):
-                    if getattr(self, key) is not None:
-                        out[key] = getattr(self, key)
-        return out
-
 
 def tokenizer_of(processor: Any) -> Any:
     """The tokenizer inside a processor (or the tokenizer itself for text-only models)."""

@@ -126,6 +126,18 @@ def image_bounds(processor: Any) -> dict[str, int]:
     return {"min_pixels": int(lo), "max_pixels": int(hi), "image_factor": int(ip.patch_size * ip.merge_size)}
 
 
+def local_file(src: str | Path, base_dir: str | Path | None = None) -> Path:
+    """The file a path names (``file://`` and ``~`` allowed; relative to ``base_dir`` when given), which must exist:
+    else a ``DataError`` (``is a directory`` / ``file not found``, category ``missing file``). Images, videos and
+    video frames are found through it."""
+    path = Path(str(src).removeprefix("file://")).expanduser()
+    if not path.is_absolute() and base_dir is not None:
+        path = Path(base_dir) / path
+    if not path.is_file():
+        raise DataError(f"{'is a directory' if path.is_dir() else 'file not found'}: {path}", category="missing file")
+    return path
+
+
 def _read_bytes(src: Any, base_dir: str | Path | None) -> tuple[bytes, str]:
     if isinstance(src, (bytes, bytearray, memoryview)):
         data = bytes(src)
@@ -149,12 +161,7 @@ def _read_bytes(src: Any, base_dir: str | Path | None) -> tuple[bytes, str]:
         text = str(src)
         if not text.strip():
             raise DataError("empty image path", category="missing file")
-        path = Path(text.removeprefix("file://")).expanduser()
-        if not path.is_absolute() and base_dir is not None:
-            path = Path(base_dir) / path
-        if not path.is_file():
-            what = "is a directory" if path.is_dir() else "file not found"
-            raise DataError(f"{what}: {path}", category="missing file")
+        path = local_file(text, base_dir)
         data = path.read_bytes()
         if not data:
             raise DataError(f"empty file (0 bytes): {path}", category="empty file")

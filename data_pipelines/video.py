@@ -39,7 +39,7 @@ from transformers.feature_extraction_utils import BatchFeature
 from transformers.video_utils import VideoMetadata, make_batched_videos
 
 from data_pipelines.errors import DataError
-from data_pipelines.images import load_image, qwen_size
+from data_pipelines.images import load_image, local_file, qwen_size
 
 VIDEO_FPS = 2.0  # qwen-vl-utils' FPS
 FRAME_FACTOR = 2  # the temporal patch: frames are sampled in pairs
@@ -250,15 +250,9 @@ def checked_video(src: Any, *, base_dir: str | Path | None = None) -> Any:
 
 
 def _frame_path(src: str | Path, base_dir: str | Path | None) -> Path | str:
+    """A frame's file (:func:`~data_pipelines.images.local_file`); a URL or data URI is left to ``load_image``."""
     text = str(src)
-    if text.startswith(("http://", "https://", "data:")):
-        return text
-    path = Path(text.removeprefix("file://")).expanduser()
-    if not path.is_absolute() and base_dir is not None:
-        path = Path(base_dir) / path
-    if not path.is_file():
-        raise DataError(f"file not found: {path}", category="missing file")
-    return path
+    return text if text.startswith(("http://", "https://", "data:")) else local_file(text, base_dir)
 
 
 def _sized(height: int, width: int, n: int, factor: int, cfg: VideoSettings) -> tuple[int, int]:
@@ -483,12 +477,7 @@ def _video_path(src: Any, base_dir: str | Path | None) -> Path:
         raise DataError(
             f"wrong type for a video: {src!r:.80} (want a file path or a list of frames)", category="wrong type"
         )
-    path = Path(str(src).removeprefix("file://")).expanduser()
-    if not path.is_absolute() and base_dir is not None:
-        path = Path(base_dir) / path
-    if not path.is_file():
-        raise DataError(f"{'is a directory' if path.is_dir() else 'file not found'}: {path}", category="missing file")
-    return path
+    return local_file(src, base_dir)
 
 
 def _open(path: Path):

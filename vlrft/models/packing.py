@@ -111,7 +111,8 @@ def shared_forward_applies(model: torch.nn.Module, batch: dict[str, torch.Tensor
 def _prompt_positions(owner: Any, ids: torch.Tensor, types: torch.Tensor | None, media: dict[str, torch.Tensor]):
     """The prompt's m-rope positions ``[3, L]`` (1-D text positions repeated where it has no image nor video);
     ``media``: its images and videos (:func:`sample_images`)."""
-    grids = {k: v for k, v in media.items() if k in ("image_grid_thw", "video_grid_thw", "second_per_grid_ts")}
+    keys = {key for m in MODALITIES for key in (m.grid, *m.per_item)}  # what get_rope_index reads of them
+    grids = {k: v for k, v in media.items() if k in keys}
     if owner is None or not grids or types is None:
         return torch.arange(ids.numel()).expand(3, -1)
     pos, _ = owner.get_rope_index(ids[None], mm_token_type_ids=types[None], **grids)

@@ -76,10 +76,11 @@ class HFEngineConfig:
 def _static_cache_blocked(model: torch.nn.Module, routing_replay: bool) -> str | None:
     """Why the static-cache decode cannot serve ``model`` (then ``compile=auto`` decodes eagerly and ``on`` is refused
     with this reason), or None."""
-    if recurrent_layers(model):  # the static cache holds keys and values only, not recurrent states
+    recurrent = recurrent_layers(model)
+    if recurrent:  # the static cache holds keys and values only, not recurrent states
         return (
             "the static-cache decode holds keys and values only, and this model has recurrent (linear-attention) "
-            f"layers {recurrent_layers(model)}"
+            f"layers {recurrent}"
         )
     if routing_replay:  # the router hooks that record the experts would not run in a captured graph
         return (
