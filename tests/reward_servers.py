@@ -9,11 +9,13 @@ import os
 import re
 import select
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 from launch import subprocess_env
@@ -110,3 +112,27 @@ def source_cfg(**fields) -> RewardSourceConfig:
     cfg = RewardSourceConfig(**fields)
     check_source(cfg, "reward.sources[0]")
     return cfg
+
+
+def vllm_serve(model: Path, log: Any, name: str) -> tuple[subprocess.Popen, str | None]:
+    """vLLM's OpenAI-compatible server of ``model`` served as ``name`` on a free port, as docs/reward-models.md starts
+    it (on CPU, float32, eager, a 256 MiB KV cache; vlrft's vLLM plugin gives it the image-only processor in each of
+    its processes): (the process, its URL) once ``/v1/models`` answers (None if it never does, within 10 minutes)."""
+    import httpx
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    command = [sys.executable, "-m", "vllm.entrypoints.launchers.api_server.entry", "--model", str(model)]
+    command += ["--served-model-name", name, "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32"]
+    command += ["--enforce-eager", "--max-model-len", "2048", "--kv-cache-memory-bytes", str(256 * 2**20)]
+    proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=subprocess_env(), start_new_session=True)
+    url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 600
+    while proc.poll() is None and time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/v1/models", timeout=5).status_code == 200:
+                return proc, url
+        except httpx.TransportError:
+            pass
+        time.sleep(2)
+    return proc, None

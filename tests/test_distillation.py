@@ -100,7 +100,7 @@ def test_opd_without_a_teacher_is_one_line_before_anything_runs(tmp_path, capsys
     err = capsys.readouterr().err
     assert err.endswith(
         "vlrft train-policy: config error: algorithm.advantage_estimator=opd: needs a teacher (teacher.path: a model "
-        "folder with the policy's tokenizer)\n"
+        "folder with the policy's tokenizer, or teacher.url: a server of one)\n"
     )
     assert not out.exists()
 
@@ -178,3 +178,97 @@ def test_a_random_student_and_a_half_size_one_learn_the_colour_task_from_an_sft_
         assert summary["eval_before"]["accuracy"] == 0.0
         assert all(evals[step] >= 0.95 for step in range(steps - 20, steps + 1, 10)), (name, evals)
         assert kl[-1] < kl[0] / 2, (name, kl[0], kl[-1])
+
+
+# -- several teachers (teacher.by_name) ------------------------------------------------------------------------------
+def test_several_teachers_each_score_only_their_own_records_samples(tiny_model):
+    """Two teachers (tiny Qwen2.5-VLs of seeds 1 and 2) by name, records naming one each, images included: each
+    sample's log-probs are its own teacher's, as that teacher gives them on the whole batch (within 1e-5: the same
+    float32 forward on a sub-batch of other width; measured below 1e-6), and a record naming neither is one line."""
+    from data_pipelines.collate import collate_sequences, encode_prompt
+    from data_pipelines.synthetic import make_prompt_records
+    from vlrft.errors import TeacherError
+    from vlrft.models.loading import load_processor
+    from vlrft.trainer.teacher import Teacher, TeacherConfig, Teachers
+
+    student = tiny_model("qwen2_5_vl")
+    paths = {"a": tiny_model("qwen2_5_vl", seed=1), "b": tiny_model("qwen2_5_vl", seed=2)}
+    processor = load_processor(student)
+    records = make_prompt_records("color", 4, seed=3)
+    prompts = [encode_prompt(processor, r) for r in records]
+    gen = torch.Generator().manual_seed(0)
+    index = [j for j in range(4) for _ in range(3)]
+    responses = [torch.randint(0, 900, (1 + i % 5,), generator=gen) for i in range(len(index))]
+    batch = collate_sequences(prompts, index, responses, 0)
+    response_ids = torch.zeros(len(index), 5, dtype=torch.long)
+    for i, r in enumerate(responses):
+        response_ids[i, : r.numel()] = r
+    names = ["a" if index[i] % 2 == 0 else "b" for i in range(len(index))]  # records 0, 2: a; 1, 3: b
+    cpu = torch.device("cpu")
+    made = {n: Teacher(TeacherConfig(path=str(p)), "float32", cpu, lambda m: m) for n, p in paths.items()}
+    teachers = Teachers(made)
+    got = teachers.log_probs(batch, response_ids, names, shared=True)
+    mask = torch.arange(5)[None] < batch["response_lengths"][:, None]
+    gaps = []
+    for name, teacher in made.items():
+        alone = teacher.log_probs(batch, response_ids, shared=True)  # this teacher on every sample
+        rows = torch.tensor([x == name for x in names])
+        gaps.append(float((got - alone)[rows[:, None] & mask].abs().max()))
+        assert float((got - alone)[~rows[:, None] & mask].abs().max()) > 0.05  # the other's rows are not its
+    print(f"several teachers vs each alone: largest gap {max(gaps):.2e}")
+    assert max(gaps) <= 1e-5 and teachers.failed == []
+    with pytest.raises(TeacherError, match=r"^metadata.teacher='c': no such teacher \(teacher.by_name has 'a', 'b'\)$"):
+        teachers.log_probs(batch, response_ids, ["c"] * len(index))
+
+
+def test_a_run_with_several_teachers_and_its_one_line_refusals(tiny_model, tmp_path, capsys):
+    """``teacher.by_name`` in a config file: the records name their teacher in ``metadata.teacher``; one step runs
+    and each logged sample names the teacher that scored it. A record naming another teacher, or none without a
+    default teacher, and a named teacher with a key it cannot have, are each one line before anything loads."""
+    from data_pipelines.synthetic import make_prompt_records, write_prompt_records
+
+    records = make_prompt_records("color", 8, seed=1)
+    for k, r in enumerate(records):
+        r.metadata["teacher"] = "small" if k % 2 else "big"
+    data = write_prompt_records(records, tmp_path / "named.jsonl")
+    small, big = tiny_model("qwen2_5_vl", hidden=32), tiny_model("qwen2_5_vl", seed=1)
+    config = tmp_path / "teachers.yaml"
+    config.write_text(
+        "algorithm: {advantage_estimator: opd}\n"
+        f"teacher:\n  by_name:\n    big: {{path: {big}}}\n    small: {{path: {small}, micro_batch_size: 4}}\n"
+    )
+    args = ["train-policy", str(config), f"model.path={tiny_model('qwen2_5_vl')}", "data.eval_source="]
+    args += ["rollout.rollout_batch_size=4", "rollout.n_samples_per_prompt=2", "rollout.max_new_tokens=4"]
+    args += ["train.eval_every=0", "train.log_samples=8", *QUIET]
+    out = tmp_path / "run"
+    assert main([*args, f"data.train_source={data}", "train.max_steps=1", f"train.output_dir={out}"]) == 0
+    rows = [json.loads(x) for x in (out / "samples.jsonl").read_text().splitlines()]
+    by_id = {r.id: r.metadata["teacher"] for r in records}
+    assert rows and all(row["teacher"] == by_id[row["id"]] for row in rows)
+    assert {row["teacher"] for row in rows} == {"big", "small"}
+    metrics = next(json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if '"distill/' in x)
+    assert math.isfinite(metrics["distill/reverse_kl"]) and metrics["distill/teacher_failures"] == 0
+    capsys.readouterr()
+
+    records[3].metadata["teacher"] = "huge"
+    bad = write_prompt_records(records, tmp_path / "bad.jsonl")
+    assert main([*args, f"data.train_source={bad}", f"train.output_dir={tmp_path / 'b'}"]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"vlrft train-policy: data error: {bad}:4 field 'metadata': record {records[3].id!r} metadata.teacher='huge': "
+        "no such teacher (teacher.by_name has big, small)"
+    )
+    assert main([*args, "data.train_source=synthetic:color", f"train.output_dir={tmp_path / 'c'}"]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "vlrft train-policy: config error: data.train_source=synthetic:color: synthetic records name no teacher "
+        "(metadata.teacher); give teacher.path or teacher.url for them beside teacher.by_name"
+    )
+    wrong = [*args, f"data.train_source={data}", f"train.output_dir={tmp_path / 'd'}", "teacher.by_name.big.coef=2"]
+    assert main(wrong) == 2
+    assert (
+        capsys.readouterr()
+        .err.splitlines()[-1]
+        .startswith(
+            "vlrft train-policy: config error: teacher.by_name.big.coef: not a key of a named teacher (these are: "
+        )
+    )
+    assert not any((tmp_path / x).exists() for x in "bcd")

@@ -7,17 +7,13 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
-import subprocess
-import sys
 import time
 
 import httpx
 import pytest
 import torch
 from aiohttp import web
-from launch import subprocess_env
-from reward_servers import LocalServer, colour_samples, source_cfg
+from reward_servers import LocalServer, colour_samples, source_cfg, vllm_serve
 
 from data_pipelines.collate import encode_prompt
 from data_pipelines.formatting import JUDGE_SYSTEM_PROMPT, judgment_prompt
@@ -83,28 +79,6 @@ def test_openai_judge_parses_the_servers_verdicts_and_sends_the_image_inline(mon
 
 
 # -- vLLM's OpenAI-compatible server -------------------------------------------------------------------
-def _vllm_server(model, log):
-    """vLLM's OpenAI-compatible server of ``model`` on a free port, as docs/reward-models.md starts it (on CPU,
-    float32, a 256 MiB KV cache); vlrft's vLLM plugin gives it the image-only processor in each of its processes.
-    (the process, its URL) once ``/v1/models`` answers."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    command = [sys.executable, "-m", "vllm.entrypoints.launchers.api_server.entry", "--model", str(model)]
-    command += ["--served-model-name", "judge", "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32"]
-    command += ["--enforce-eager", "--max-model-len", "2048", "--kv-cache-memory-bytes", str(256 * 2**20)]
-    proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=subprocess_env(), start_new_session=True)
-    url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 600
-    while proc.poll() is None and time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/v1/models", timeout=5).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            pass
-        time.sleep(2)
-    return proc, None
-
-
 @pytest.mark.vllm
 def test_openai_judge_against_vllm_serve_gives_the_in_process_judges_rewards(trained_judge, tmp_path):
     """vLLM's server of a tiny judge trained to say yes for 'red': for each sample it writes the judgment the
@@ -117,7 +91,7 @@ def test_openai_judge_against_vllm_serve_gives_the_in_process_judges_rewards(tra
     log_path = tmp_path / "vllm.log"
     with open(log_path, "wb") as log:
         t0 = time.monotonic()
-        proc, url = _vllm_server(judge, log)
+        proc, url = vllm_serve(judge, log, "judge")
         try:
             assert url is not None, log_path.read_text()[-3000:]
             print(f"vLLM server of the tiny judge listening after {time.monotonic() - t0:.0f} s")

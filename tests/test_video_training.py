@@ -336,7 +336,7 @@ def test_reward_models_score_and_train_on_videos_and_what_cannot_see_them_refuse
     assert main([*args, "rollout.engine=vllm", f"train.output_dir={tmp_path / 'v'}"]) == 2
     assert capsys.readouterr().err == (
         f"vlrft train-policy: data error: {data}:1 field 'videos': record {first!r} has 1 video(s); "
-        "rollout.engine=vllm takes images only; use rollout.engine=hf for video records\n"
+        "rollout.engine=vllm takes images only; use rollout.engine=hf for records with videos\n"
     )
     assert not (tmp_path / "h").exists() and not (tmp_path / "v").exists()
 

@@ -49,3 +49,8 @@ class RunFolderError(KnownError):
 
 class DistributedError(KnownError):
     """A rank of a distributed job was lost (killed, hung or unreachable)."""
+
+
+class TeacherError(KnownError):
+    """On-policy distillation's served teacher (``teacher.url``) cannot be used: it does not answer, serves another
+    vocabulary or model, or failed to score more of a step's samples than its fallback allows."""

@@ -270,6 +270,12 @@ class PolicyTrainConfig:
     reward: RewardPoolConfig = option(DEFAULT_REWARD, "reward pool: weighted sources, per-task recipes")
     critic: CriticConfig = option(CriticConfig(), "value model (PPO with GAE)")
     teacher: TeacherConfig = option(TeacherConfig(), "on-policy distillation's teacher (docs/distillation.md)")
+
+    def sequence_length(self) -> int:
+        """The longest prompt and response a sample can have (a trajectory's budget with tools)."""
+        response = self.tools.max_tokens if self.tools.enabled else self.rollout.max_new_tokens
+        return self.data.max_prompt_length + response
+
     tools: ToolsConfig = option(ToolsConfig(), "multi-turn rollouts with tools (docs/tools.md); none by default")
     optim: OptimConfig = option(OptimConfig(lr=1e-6), "AdamW and learning-rate schedule")
     strategy: StrategyConfig = option(StrategyConfig(), "single process, FSDP2 or DeepSpeed")
@@ -314,8 +320,9 @@ class PolicyTrainConfig:
         if self.algorithm.estimator.teacher and not self.teacher.enabled:
             raise ConfigError(
                 f"algorithm.advantage_estimator={self.algorithm.advantage_estimator}: needs a teacher "
-                "(teacher.path: a model folder with the policy's tokenizer)"
+                "(teacher.path: a model folder with the policy's tokenizer, or teacher.url: a server of one)"
             )
+        self.teacher.check()
         if self.algorithm.estimator.group and r.n_samples_per_prompt < 2:
             raise ConfigError(
                 f"rollout.n_samples_per_prompt={r.n_samples_per_prompt}: must be >= 2 for "

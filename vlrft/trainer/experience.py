@@ -137,7 +137,13 @@ class Experience:
             return {}
         m = self.response_mask[i].bool()
         pick = lambda t: [round(float(v), 4) for v in t[i][m]]  # noqa: E731
-        return {"teacher_logprobs": pick(self.teacher_log_probs), "student_logprobs": pick(self.old_log_probs)}
+        record = [g.record for g in self.groups for _ in g.rollouts][i]
+        named = record.metadata.get("teacher")  # several teachers (teacher.by_name): the one that scored it
+        return {
+            **({"teacher": named} if named else {}),
+            "teacher_logprobs": pick(self.teacher_log_probs),
+            "student_logprobs": pick(self.old_log_probs),
+        }
 
     def micro_batch(self, index: torch.Tensor) -> dict[str, torch.Tensor]:
         """Samples ``index`` as a micro-batch (sequences re-collated to their own width)."""
@@ -239,7 +245,8 @@ def infer_response_logprobs(
     suppress: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """:func:`response_logprobs` of every sample of ``batch`` (old or reference log-probs), without gradient
-    in eval mode, ``micro_batch_size`` at a time; ``[N, R]`` float32 on CPU, zeros past each response."""
+    in eval mode, ``micro_batch_size`` at a time; ``[N, R]`` float32 on CPU (past each response: the log-probs of the
+    padding tokens, meaningless; the response mask drops them)."""
 
     def part_logprobs(part: dict[str, torch.Tensor]) -> torch.Tensor:
         ids = part["response_ids"]
@@ -268,11 +275,11 @@ def infer_response_values(
     )
 
 
-def _infer(model, batch, response_ids, micro_batch_size, forward) -> torch.Tensor:
-    was = model.training
-    model.eval()
+def samples_of_batch(batch: dict[str, torch.Tensor], response_ids: torch.Tensor) -> Experience:
+    """A collated batch and its responses as an :class:`Experience` with nothing computed yet, for its
+    :meth:`~Experience.micro_batch` (any subset of samples re-collated, their images and videos with them)."""
     n = response_ids.shape[0]
-    whole = Experience(
+    return Experience(
         batch=batch,
         response_ids=response_ids,
         response_mask=torch.ones_like(response_ids),
@@ -282,6 +289,13 @@ def _infer(model, batch, response_ids, micro_batch_size, forward) -> torch.Tenso
         advantages=torch.zeros(response_ids.shape),
         group_ids=torch.zeros(n),
     )
+
+
+def _infer(model, batch, response_ids, micro_batch_size, forward) -> torch.Tensor:
+    was = model.training
+    model.eval()
+    n = response_ids.shape[0]
+    whole = samples_of_batch(batch, response_ids)
     out = torch.zeros(response_ids.shape, dtype=torch.float32)
     for start in range(0, n, micro_batch_size):
         idx = torch.arange(start, min(start + micro_batch_size, n))

@@ -60,7 +60,7 @@ from vlrft.trainer.experience import (
 )
 from vlrft.trainer.heldout import HeldoutContext
 from vlrft.trainer.micro_losses import critic_micro_loss, policy_micro_loss, update_shares_prompts
-from vlrft.trainer.teacher import Teacher, distillation_metrics
+from vlrft.trainer.teacher import Teachers, distillation_metrics
 
 
 class PolicyTrainer(Trainer):
@@ -82,7 +82,7 @@ class PolicyTrainer(Trainer):
         *,
         eval_records: list[PromptRecord] | None = None,
         ref_model: torch.nn.Module | None = None,
-        teacher: Teacher | None = None,
+        teacher: Teachers | None = None,
         evaluate_fn: Any = None,
         accuracy: tuple[str, str] | None = None,
         critic: tuple[torch.nn.Module, Strategy] | None = None,
@@ -268,7 +268,12 @@ class PolicyTrainer(Trainer):
         if self.teacher is not None:  # on-policy distillation: the teacher's view of every sampled token
             if old_logp is None:
                 old_logp = self._logprobs(self.model, batch, response_ids)  # the student's (behaviour) log-probs
-            teacher_logp = self.teacher.log_probs(batch, response_ids, shared=self.shared, suppress=self.suppress)
+            names = [str(g.record.metadata.get("teacher", "")) for g in groups for _ in g.rollouts]
+            kwargs = {"shared": self.shared, "suppress": self.suppress}
+            teacher_logp = self.teacher.log_probs(batch, response_ids, names, **kwargs)
+            if self.teacher.failed:  # a served teacher's counted fallback: no distillation term for those samples
+                teacher_logp[self.teacher.failed] = old_logp[self.teacher.failed]
+            metrics["distill/teacher_failures"] = float(len(self.teacher.failed))
             distill = self.cfg.teacher.coef * distillation_rewards(teacher_logp, old_logp, response_mask)
             metrics.update(distillation_metrics(teacher_logp, old_logp, response_mask, self.teacher.take_seconds()))
         if a.estimator.teacher:  # the distillation rewards are the token rewards (no outcome reward)

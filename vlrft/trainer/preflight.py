@@ -38,7 +38,7 @@ from vlrft.models.loading import PROCESSOR_FILES, TOKENIZER_FILES, check_model_f
 from vlrft.run_folder import check_output_dir
 from vlrft.tools import check_tools
 from vlrft.trainer.config import PolicyTrainConfig
-from vlrft.trainer.teacher import check_teacher
+from vlrft.trainer.teacher import check_served_teacher, check_teacher
 
 
 def world_size() -> int:
@@ -263,13 +263,32 @@ def preflight_policy(cfg: PolicyTrainConfig, world: int | None = None) -> dict[s
     if cfg.critic.path and cfg.algorithm.estimator.critic and not Path(cfg.critic.path).exists():
         if path_like(cfg.critic.path):
             raise ConfigError(f"critic.path={cfg.critic.path}: no such folder")
-    if cfg.teacher.enabled:
-        check_model_folder(cfg.teacher.path, "teacher.path")
-        if cfg.model.path:  # a tiny model built at the start is checked against the teacher then
-            check_teacher(cfg.teacher.path, cfg.model.path)
+    teachers = cfg.teacher.named()
+    served_teacher = "teacher.url: a served teacher takes token ids only (the completions API); use teacher.path"
+    for name, t in teachers.items():
+        if t.path:
+            check_model_folder(t.path, f"teacher.by_name.{name}.path" if name else "teacher.path")
+            if cfg.model.path:  # a tiny model built at the start is checked against the teacher then
+                check_teacher(t.path, cfg.model.path)
+        if t.url and synthetic_task(cfg.data.train_source) is not None:
+            raise ConfigError(
+                f"data.train_source={cfg.data.train_source}: synthetic records carry images, and {served_teacher} "
+                "for records with images or videos"
+            )
+        if t.url and cfg.model.path:  # a tiny model built at the start is checked against the server then
+            check_served_teacher(t, cfg.model.path, cfg.sequence_length())
+    if teachers and "" not in teachers and synthetic_task(cfg.data.train_source) is not None:
+        raise ConfigError(
+            f"data.train_source={cfg.data.train_source}: synthetic records name no teacher (metadata.teacher); give "
+            "teacher.path or teacher.url for them beside teacher.by_name"
+        )
     check = record_check(cfg.reward, vision, model_key(cfg))
     if cfg.rollout.engine == "vllm":  # vlrft hands vLLM images only
-        check = _no_videos(check, "rollout.engine=vllm takes images only; use rollout.engine=hf for video records")
+        check = _refuse(check, ("videos",), "rollout.engine=vllm takes images only; use rollout.engine=hf")
+    if cfg.teacher.url:  # (a named served teacher's records are refused by name below)
+        check = _refuse(check, ("images", "videos"), served_teacher)
+    if cfg.teacher.by_name:
+        check = _named_teacher(check, teachers, served_teacher)
     reports = {}
     for key, source in (("data.train_source", cfg.data.train_source), ("data.eval_source", cfg.data.eval_source)):
         if source and synthetic_task(source) is None:
@@ -318,15 +337,45 @@ def preflight_supervised(cfg: Any) -> dict[str, SkipReport]:
     return reports
 
 
-def _no_videos(check: Callable[[Any], None], why: str) -> Callable[[Any], None]:
-    """``check``, then a record with videos refused: ``why`` says what does not take them and what does."""
+def _named_teacher(check: Callable[[Any], None], teachers: dict[str, Any], served: str) -> Callable[[Any], None]:
+    """``check``, then a record's ``metadata.teacher`` refused unless it names a teacher of ``teachers`` (none: the
+    unnamed one, ``""``, must exist); a served one's record refused with images or videos (``served`` says why)."""
 
     def checked(record: Any) -> None:
         check(record)
-        if record.videos:
-            raise DataError(
-                f"record {record.id!r} has {len(record.videos)} video(s); {why}", category="videos", field="videos"
+        name = record.metadata.get("teacher", "")
+        if name not in teachers:
+            have = ", ".join(n for n in teachers if n)
+            why = (
+                f"metadata.teacher={name!r}: no such teacher (teacher.by_name has {have})"
+                if name
+                else "names no teacher (metadata.teacher) and there is no teacher.path or teacher.url"
             )
+            raise DataError(f"record {record.id!r} {why}", category="teacher", field="metadata")
+        if teachers[name].url and (record.images or getattr(record, "videos", None)):
+            raise DataError(
+                f"record {record.id!r} has images or videos and its teacher {name!r} is served; {served}",
+                category="images",
+                field="images",
+            )
+
+    return checked
+
+
+def _refuse(check: Callable[[Any], None], fields: tuple[str, ...], why: str) -> Callable[[Any], None]:
+    """``check``, then a record with any of ``fields`` (``images``, ``videos``) refused: ``why`` says what does not
+    take them and what does."""
+
+    def checked(record: Any) -> None:
+        check(record)
+        for name in fields:
+            items = getattr(record, name)
+            if items:
+                raise DataError(
+                    f"record {record.id!r} has {len(items)} {name[:-1]}(s); {why} for records with {name}",
+                    category=name,
+                    field=name,
+                )
 
     return checked
 

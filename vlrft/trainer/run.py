@@ -34,7 +34,7 @@ from vlrft.trainer.experience import draw_groups
 from vlrft.trainer.heldout import heldout_eval
 from vlrft.trainer.policy_trainer import PolicyTrainer
 from vlrft.trainer.preflight import model_key, preflight_policy, record_check
-from vlrft.trainer.teacher import Teacher, check_teacher
+from vlrft.trainer.teacher import check_teacher, make_teacher
 
 
 def build_critic(cfg: PolicyTrainConfig, policy_path: str):
@@ -178,10 +178,12 @@ def _train_policy(cfg: PolicyTrainConfig, run: Run, placement: Placement | None 
     ref_model = teacher = None
     if cfg.algorithm.kl_coef > 0:
         ref_model, _ = strategy.prepare(load_model(path, cfg.model.dtype)[0], trainable=False)[:2]
+    if not cfg.model.path:  # the tiny model built at the start (preflight checked a given one)
+        for t in cfg.teacher.named().values():
+            if t.path:
+                check_teacher(t.path, path, run.print)
     if cfg.teacher.enabled:
-        if not cfg.model.path:  # the tiny model built at the start (preflight checked a given one)
-            check_teacher(cfg.teacher.path, path, run.print)
-        teacher = Teacher(cfg.teacher, cfg.model.dtype, strategy.device, strategy.compute_like_policy)
+        teacher = make_teacher(cfg, str(path), strategy, run.print)
 
     train_records = training_prompts(cfg, processor, tools)
     eval_records = (
@@ -241,5 +243,7 @@ def _train_policy(cfg: PolicyTrainConfig, run: Run, placement: Placement | None 
     finally:
         trainer.close()
         pool.close()
+        if teacher is not None:
+            teacher.close()
         if tools is not None:
             tools.close()
