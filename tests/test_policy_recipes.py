@@ -57,7 +57,7 @@ def test_recipe_runs(recipe, tiny_model, tmp_path):
     if recipe == "async":  # an overlay for torchrun: tests/test_async_rl.py runs it on the demo with 3 processes
         pytest.skip("configs/policy/async.yaml runs under torchrun (tests/test_async_rl.py)")
     extra = ["train.train_batch_size=8"] if recipe == "gspo" else []  # several updates per rollout batch
-    if recipe == "opd":  # distillation from a teacher of the policy's tokenizer (here: a smaller tiny model)
+    if recipe.startswith("opd"):  # distillation from a teacher of the policy's tokenizer (here: a smaller tiny model)
         extra = [f"teacher.path={tiny_model('qwen2_5_vl', hidden=32)}"]
     cfg = load_config(
         PolicyTrainConfig,
@@ -76,6 +76,8 @@ def test_recipe_runs(recipe, tiny_model, tmp_path):
         assert all(r["dynamic_sampling/tries"] >= 1 for r in rows)
     if cfg.teacher.enabled:  # the teacher scored every step's tokens; the policy is not its own teacher here
         assert all(abs(r["distill/reverse_kl"]) > 1e-4 and r["time/teacher"] > 0 for r in rows)
+    if cfg.teacher.per_token == "vocabulary":  # the exact reverse KL is the update's term; no sampled advantage
+        assert all(r["distill/vocabulary_reverse_kl"] > 1e-4 and r["advantages/abs_mean"] == 0 for r in rows)
 
 
 def test_text_only_qwen2_on_gsm8k_records(tiny_model, tmp_path, shared_data):

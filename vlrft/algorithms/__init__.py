@@ -10,6 +10,7 @@ from vlrft.algorithms.advantages import (
     discounted_returns,
     distillation_rewards,
     register_advantage_estimator,
+    vocabulary_reverse_kl,
 )
 from vlrft.algorithms.aggregation import LOSS_AGG_MODES, aggregate_loss, global_sequence_count, global_token_count
 from vlrft.algorithms.dynamic_sampling import (
@@ -61,6 +62,7 @@ __all__ = [
     "decoupled_weights",
     "discounted_returns",
     "distillation_rewards",
+    "vocabulary_reverse_kl",
     "entropy_from_logits",
     "filter_zero_variance_groups",
     "global_sequence_count",

@@ -283,6 +283,24 @@ def distillation_rewards(teacher_log_probs: Tensor, student_log_probs: Tensor, r
     return torch.where(response_mask.bool(), diff, torch.zeros_like(diff))
 
 
+def vocabulary_reverse_kl(student_logits: Tensor, teacher_log_probs: Tensor, temperature: float = 1.0) -> Tensor:
+    """The exact per-token reverse KL of on-policy distillation over the whole vocabulary at each sampled position
+    (GKD, Agarwal et al. 2024, arXiv 2306.13649, eq. 2 and Sec. 3 with the divergence ``KL(pi_S || pi_T)``, the
+    generalized JSD's beta -> 1 end, on the student's own samples): ``D_t = sum_v pi_S(v | y_<t) (log pi_S(v | y_<t)
+    - log pi_T(v | y_<t))``, ``pi_S = softmax(student_logits / temperature)``. ``[N, T, V]`` logits and teacher
+    log-probs in, ``[N, T]`` out, differentiable in the student's logits (the teacher's are constants). Where
+    :func:`distillation_rewards` estimates ``D_t`` from the one sampled token (a policy gradient), this is its
+    value: no sampling noise per position, a gradient on every token of the vocabulary."""
+    if student_logits.shape != teacher_log_probs.shape:
+        raise ValueError(
+            f"vocabulary_reverse_kl: student logits {tuple(student_logits.shape)} and teacher log-probs "
+            f"{tuple(teacher_log_probs.shape)} must be one [N, T, V] shape"
+        )
+    dtype = torch.promote_types(student_logits.dtype, torch.float32)  # bf16 logits in float32; float64 kept
+    log_s = torch.log_softmax(student_logits.to(dtype) / temperature, dim=-1)
+    return (log_s.exp() * (log_s - teacher_log_probs.detach().to(log_s.dtype))).sum(-1)
+
+
 @register_advantage_estimator("opd", group=False, teacher=True, std_normalizations=("none",), default_std="none")
 def opd_advantages(rewards, response_mask, **_) -> tuple[Tensor, Tensor]:
     """On-policy distillation (``algorithm.advantage_estimator: opd``): the advantage of each sampled token is its

@@ -178,25 +178,22 @@ class Experience:
 SUPPRESSED_LOGIT = -1.0e4
 
 
-def response_logprobs(
+def response_logits(
     model: torch.nn.Module,
     batch: dict[str, torch.Tensor],
-    response_ids: torch.Tensor,
+    width: int,
     *,
-    temperature: float = 1.0,
-    with_entropy: bool = False,
     device: torch.device | None = None,
     shared: bool = False,
     suppress: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probs ``[N, R]`` of ``response_ids`` under ``model`` (temperature as in sampling), and the
-    token entropy ``[N, R]`` when asked. Positions past a response's end hold junk: mask them. ``shared``
-    (with the batch's ``prompt_index``): each prompt computed once per group (vlrft.models.packing).
-    ``suppress``: token ids the engines never sample (``vlrft.rollout.base.vision_token_ids``); their logits
-    are set to :data:`SUPPRESSED_LOGIT` so these are the log-probs (and entropy) of the distribution the
-    engine sampled from, not of one that keeps mass on tokens no rollout can contain."""
+) -> torch.Tensor:
+    """The logits ``[N, width, V]`` that predict each of the first ``width`` response tokens of ``batch`` (positions
+    past a response's end hold junk: mask them). ``shared`` (with the batch's ``prompt_index``): each prompt computed
+    once per group (vlrft.models.packing). ``suppress``: token ids the engines never sample
+    (``vlrft.rollout.base.vision_token_ids``), their logits set to :data:`SUPPRESSED_LOGIT`, so these are the logits
+    of the distribution the engine sampled from, not of one that keeps mass on tokens no rollout can contain."""
     device = device or next(model.parameters()).device
-    r = response_ids.shape[1]
+    r = width
     if shared and shared_forward_applies(model, batch):
         picked = shared_prompt_logits(model, batch, r, device)  # [N, R, V]
     else:
@@ -210,8 +207,33 @@ def response_logprobs(
         picked = logits.gather(1, pos[..., None].expand(-1, -1, logits.shape[-1]))  # [N, R, V]
     if suppress is not None and suppress.numel():
         picked = picked.index_fill(-1, suppress.to(device), SUPPRESSED_LOGIT)
-    logp = logprobs_from_logits(picked, response_ids.to(device), temperature=temperature)
-    entropy = entropy_from_logits(picked, temperature=temperature) if with_entropy else None
+    return picked
+
+
+def response_logprobs(
+    model: torch.nn.Module,
+    batch: dict[str, torch.Tensor],
+    response_ids: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    device: torch.device | None = None,
+    shared: bool = False,
+    suppress: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs ``[N, R]`` of ``response_ids`` under ``model`` (temperature as in sampling), and the
+    token entropy ``[N, R]`` when asked, from :func:`response_logits` (``shared``, ``suppress`` as there). Positions
+    past a response's end hold junk: mask them."""
+    picked = response_logits(model, batch, response_ids.shape[1], device=device, shared=shared, suppress=suppress)
+    return logprobs_and_entropy(picked, response_ids, temperature, with_entropy)
+
+
+def logprobs_and_entropy(
+    logits: torch.Tensor, response_ids: torch.Tensor, temperature: float, with_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The log-probs of ``response_ids`` and (asked) the entropy of response logits ``[N, R, V]``."""
+    logp = logprobs_from_logits(logits, response_ids.to(logits.device), temperature=temperature)
+    entropy = entropy_from_logits(logits, temperature=temperature) if with_entropy else None
     return logp, entropy
 
 

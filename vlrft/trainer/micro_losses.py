@@ -7,11 +7,18 @@ step sum to the global objective)."""
 from __future__ import annotations
 
 from contextlib import nullcontext
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
-from vlrft.algorithms import aggregate_loss, compute_policy_loss, high_entropy_mask, kl_penalty, value_loss
+from vlrft.algorithms import (
+    aggregate_loss,
+    compute_policy_loss,
+    high_entropy_mask,
+    kl_penalty,
+    value_loss,
+    vocabulary_reverse_kl,
+)
 from vlrft.algorithms.rollout_correction import decoupled_weights, rollout_correction
 from vlrft.models.moe import (
     RouterCall,
@@ -24,7 +31,7 @@ from vlrft.models.moe import (
     router_aux_coef,
 )
 from vlrft.models.packing import shared_forward_applies
-from vlrft.trainer.experience import response_logprobs, response_values
+from vlrft.trainer.experience import logprobs_and_entropy, response_logits, response_values
 
 
 def policy_micro_loss(
@@ -39,18 +46,20 @@ def policy_micro_loss(
     temperature: float,
     shared: bool,
     suppress: torch.Tensor,
+    teacher: tuple[Callable[..., torch.Tensor], float] | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The policy loss of micro-batch ``mb`` (``a``: the algorithm section; ``kl_coef``: the KL controller's value
     this step) and its metrics (``policy/*``, rollout correction's or decoupled PPO's ``off_policy/*``, ``kl``,
     ``entropy``; a mixture-of-experts policy's ``moe/*`` where the forward took the plain path:
-    :func:`update_shares_prompts`)."""
+    :func:`update_shares_prompts`). ``teacher``: ``(the teacher's vocabulary log-probs of a micro-batch, coef)`` for
+    ``teacher.per_token: vocabulary``: ``coef`` times the exact reverse KL over the vocabulary
+    (:func:`~vlrft.algorithms.vocabulary_reverse_kl`), aggregated as the policy loss, is added to the loss."""
     shared = update_shares_prompts(module, mb, a, shared)
     routing = capture_routing(module) if is_moe(module) and not shared else nullcontext(None)
     # entropy is always computed: it is the metric that shows a collapsing policy
     with routing as calls:
-        logp, entropy = response_logprobs(
-            module, mb, mb["response_ids"], temperature=temperature, with_entropy=True, shared=shared, suppress=suppress
-        )
+        logits = response_logits(module, mb, mb["response_ids"].shape[1], shared=shared, suppress=suppress)
+    logp, entropy = logprobs_and_entropy(logits, mb["response_ids"], temperature, with_entropy=True)
     dev = logp.device
     mask = mb["response_mask"].to(dev)
     old = mb["old_log_probs"].to(dev) if "old_log_probs" in mb else logp.detach()
@@ -89,6 +98,11 @@ def policy_micro_loss(
         metrics["kl"] = float(kl.detach()[mask.bool()].mean()) if mask.any() else 0.0
         if a.use_kl_loss:
             loss = loss + kl_coef * kl_term
+    if teacher is not None:  # teacher.per_token: vocabulary
+        vocabulary_log_probs, coef = teacher
+        divergence = vocabulary_reverse_kl(logits, vocabulary_log_probs(mb).to(dev), temperature)
+        metrics["distill/vocabulary_reverse_kl"] = float(divergence.detach()[mask.bool()].mean()) if mask.any() else 0.0
+        loss = loss + coef * aggregate_loss(divergence, mask, a.loss_agg_mode, **agg)
     if entropy is not None:
         ent = aggregate_loss(entropy, mask, a.loss_agg_mode, **agg)
         metrics["entropy"] = float(entropy.detach()[mask.bool()].mean()) if mask.any() else 0.0

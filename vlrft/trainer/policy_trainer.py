@@ -275,6 +275,8 @@ class PolicyTrainer(Trainer):
                 teacher_logp[self.teacher.failed] = old_logp[self.teacher.failed]
             metrics["distill/teacher_failures"] = float(len(self.teacher.failed))
             distill = self.cfg.teacher.coef * distillation_rewards(teacher_logp, old_logp, response_mask)
+            if self.cfg.teacher.per_token == "vocabulary":  # the update's exact reverse KL carries it, not a reward
+                distill = torch.zeros_like(distill)
             metrics.update(distillation_metrics(teacher_logp, old_logp, response_mask, self.teacher.take_seconds()))
         if a.estimator.teacher:  # the distillation rewards are the token rewards (no outcome reward)
             shaped = torch.zeros_like(shaped)
@@ -399,8 +401,14 @@ class PolicyTrainer(Trainer):
         """The policy loss of one micro-batch (``micro_losses.policy_micro_loss``) over the step's global counts."""
         max_len = self.cfg.rollout.max_new_tokens
         inputs = dict(temperature=self._temperature(), shared=self.shared, suppress=self.suppress)
+        teacher = None
+        if self.teacher is not None and self.cfg.teacher.per_token == "vocabulary":  # one in-process teacher
+            one = self.teacher.teachers[""]
+            score = lambda part: one.vocabulary_log_probs(part, shared=self.shared, suppress=self.suppress)  # noqa: E731
+            teacher = (score, self.cfg.teacher.coef)
+        a = self.cfg.algorithm
         return policy_micro_loss(
-            self.train_module, mb, self.cfg.algorithm, gtc, gsc, max_len, kl_coef=self.kl_ctl.value, **inputs
+            self.train_module, mb, a, gtc, gsc, max_len, kl_coef=self.kl_ctl.value, teacher=teacher, **inputs
         )
 
     # ----------------------------------------------------------------------------- the driver's plug-in

@@ -32,7 +32,7 @@ from vlrft.config import ConfigError, check_range, option
 from vlrft.errors import TeacherError
 from vlrft.models.loading import load_model, load_processor, resolve_model_path
 from vlrft.models.offload import Offloadable
-from vlrft.trainer.experience import infer_response_logprobs, samples_of_batch
+from vlrft.trainer.experience import infer_response_logprobs, response_logits, samples_of_batch
 
 
 @dataclass
@@ -70,6 +70,13 @@ class TeacherConfig:
         "weight of the distillation term log pi_teacher - log pi_policy per token (advantage_estimator opd: the "
         "advantage; another estimator: added to its advantages)",
         ge=0,
+    )
+    per_token: str = option(
+        "sampled",
+        "the distillation term per token: sampled (log pi_T - log pi_S of the sampled token, through the policy "
+        "gradient) or vocabulary (the exact reverse KL over the whole vocabulary at each sampled position, a loss "
+        "term; one in-process teacher; docs/distillation.md#the-whole-vocabulary-teacherper_token-vocabulary)",
+        choices=("sampled", "vocabulary"),
     )
     micro_batch_size: int = option(16, "samples per teacher forward (teacher.url: per request)", ge=1)
     offload: bool = option(True, "keep the teacher in CPU memory except while it scores")
@@ -115,7 +122,12 @@ class TeacherConfig:
                 raise ConfigError(why)
             if self.api_key_env and not os.environ.get(self.api_key_env):
                 raise ConfigError(f"{key}.api_key_env={self.api_key_env}: the environment variable is not set")
-        allowed = sorted(f.name for f in fields(self) if f.name not in ("coef", "by_name"))
+        if self.per_token == "vocabulary" and (self.url or self.by_name):
+            raise ConfigError(
+                f"{key}.per_token=vocabulary: needs one in-process teacher ({key}.path; a served teacher returns the "
+                "sampled tokens' log-probs only, and several teachers are not one distribution per token)"
+            )
+        allowed = sorted(f.name for f in fields(self) if f.name not in ("coef", "by_name", "per_token"))
         for name, entry in self.by_name.items():
             where = f"{key}.by_name.{name}"
             if not isinstance(entry, dict):
@@ -123,8 +135,8 @@ class TeacherConfig:
             unknown = sorted(set(entry) - set(allowed))
             if unknown:
                 raise ConfigError(
-                    f"{where}.{unknown[0]}: not a key of a named teacher (these are: {', '.join(allowed)}; coef is "
-                    "the section's, for every teacher)"
+                    f"{where}.{unknown[0]}: not a key of a named teacher (these are: {', '.join(allowed)}; coef and "
+                    "per_token are the section's, for every teacher)"
                 )
             if not entry.get("path") and not entry.get("url"):
                 raise ConfigError(f"{where}: needs path (a model folder) or url (a server)")
@@ -208,6 +220,22 @@ class Teacher(Offloadable):
             out = infer_response_logprobs(
                 self.model, batch, response_ids, micro_batch_size=self.cfg.micro_batch_size, temperature=1.0, **kwargs
             )
+        self.seconds += time.perf_counter() - t0
+        return out
+
+    @torch.no_grad()
+    def vocabulary_log_probs(self, mb: dict[str, torch.Tensor], **kwargs: Any) -> torch.Tensor:
+        """``[N, R, V]`` log-probs of the whole vocabulary at each response position of micro-batch ``mb`` under the
+        teacher (temperature 1; ``kwargs``: ``shared``, ``suppress``), for ``teacher.per_token: vocabulary``: called
+        in the update, one micro-batch at a time, on the device the policy computes on."""
+        t0 = time.perf_counter()
+        batch = {k: v for k, v in mb.items() if k != "routing"}  # the policy's experts, not the teacher's
+        with self.on_device():
+            was = self.model.training
+            self.model.eval()
+            logits = response_logits(self.model, batch, mb["response_ids"].shape[1], **kwargs)
+            self.model.train(was)
+            out = torch.log_softmax(logits.float(), dim=-1)
         self.seconds += time.perf_counter() - t0
         return out
 
