@@ -335,6 +335,8 @@ def _qwen3_family_config(spec: TinySpec, text: dict, special: dict):
         vision["deepstack_visual_indexes"] = [0]
     if spec.arch.endswith("moe"):
         text.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=spec.hidden)
+    if spec.arch == "qwen3_vl_moe":  # transformers' router always renormalizes the top-k; vLLM reads the flag
+        text["norm_topk_prob"] = True
     if spec.arch == "qwen3_5_moe":
         text["shared_expert_intermediate_size"] = spec.hidden
     if spec.arch.startswith("qwen3_5"):
