@@ -83,8 +83,9 @@ class TeacherConfig:
     dtype: str = option("", "the teacher's dtype (empty: the policy's model.dtype)")
     by_name: dict = option(
         {},
-        "several teachers: NAME -> {path: ... or url: ..., and any teacher key but coef}; a record's metadata.teacher "
-        "names its teacher, one without it gets teacher.path / teacher.url (docs/distillation.md#several-teachers)",
+        "several teachers: NAME -> {path: ... or url: ..., and any teacher key but coef and per_token}; a record's "
+        "metadata.teacher names its teacher, one without it gets teacher.path / teacher.url "
+        "(docs/distillation.md#several-teachers)",
     )
 
     @property
