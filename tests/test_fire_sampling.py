@@ -24,7 +24,7 @@ import math
 import pytest
 import torch
 
-from data_pipelines.collate import collate_prompts, encode_prompt
+from data_pipelines.collate import collate_prompts, encode_prompt, tokenizer_of
 from data_pipelines.records import PromptRecord
 from data_pipelines.turns import concat
 from vlrft.config import ConfigError, load_config
@@ -54,7 +54,7 @@ def _next_logits(model, processor, ids: list[int]) -> torch.Tensor:
     x = torch.tensor([ids])
     with torch.no_grad():
         logits = model(input_ids=x, attention_mask=torch.ones_like(x)).logits[0, -1].double()
-    logits[vision_token_ids(processor.tokenizer)] = -math.inf
+    logits[vision_token_ids(tokenizer_of(processor))] = -math.inf
     return logits
 
 
@@ -157,7 +157,7 @@ def test_every_hf_path_reports_the_log_prob_of_the_distribution_it_drew_from(pol
         whole = torch.cat([prompt.input_ids, x.response_ids])[None]
         with torch.no_grad():
             logits = model(input_ids=whole, attention_mask=torch.ones_like(whole)).logits[0].double()
-        logits[:, vision_token_ids(processor.tokenizer)] = -math.inf
+        logits[:, vision_token_ids(tokenizer_of(processor))] = -math.inf
         start = prompt.input_ids.numel() - 1
         temps = torch.tensor([3.0] + [0.7] * (x.response_ids.numel() - 1), dtype=torch.float64)[:, None]
         step_logits = logits[start : start + x.response_ids.numel()]
@@ -191,10 +191,10 @@ def test_only_the_first_turn_of_a_trajectory_starts_hot(tool_policy):
         box.close()
     multi = [x for x in rollouts if len(x.trajectory.turns) >= 2]
     assert multi, [x.trajectory.turns for x in rollouts]
-    suppress = vision_token_ids(processor.tokenizer)
+    suppress = vision_token_ids(tokenizer_of(processor))
     for x in multi:
         prompt = prompts[x.prompt_index]
-        batch = collate_prompts([concat([prompt, x.trajectory.response])], processor.tokenizer.pad_token_id)
+        batch = collate_prompts([concat([prompt, x.trajectory.response])], tokenizer_of(processor).pad_token_id)
         with torch.no_grad():
             logits = model(**batch).logits[0].double()
         logits[:, suppress] = -math.inf
@@ -228,6 +228,14 @@ def test_a_non_positive_first_token_temperature_is_one_line(value):
     assert default.rollout.first_token_temperature is None and not default.rollout.sampling().logprobs
     with pytest.raises(ValueError, match="FIRE samples, both must be > 0"):
         SamplingParams(temperature=0.0, first_token_temperature=2.0)
+    # vLLM refuses a temperature above 2 at its first request: before anything loads instead
+    with pytest.raises(ConfigError) as err:
+        load_config(PolicyTrainConfig, None, ["rollout.first_token_temperature=2.5", "rollout.engine=vllm"])
+    assert str(err.value) == (
+        "rollout.first_token_temperature=2.5: rollout.engine=vllm samples at temperatures in [0, 2]; use 2 or less, "
+        "or rollout.engine=hf"
+    )
+    load_config(PolicyTrainConfig, None, ["rollout.first_token_temperature=2", "rollout.engine=vllm"])
 
 
 def test_a_fire_step_corrects_the_first_token_and_leaves_held_out_evaluation_alone(tiny_model, tmp_path):
@@ -279,7 +287,7 @@ def test_a_fire_step_corrects_the_first_token_and_leaves_held_out_evaluation_alo
 
 def test_a_stop_string_across_the_hot_token_and_its_continuation_is_cut(policy):
     _, processor = policy
-    tok = processor.tokenizer
+    tok = tokenizer_of(processor)
     ids = [tok.convert_tokens_to_ids(t) for t in ("<", "/", "a", "n")]
     assert tok.decode(ids) == "</an"
     assert _straddling_stop(tok, ids, ["</"]) == 2  # begins in the first token, ends in the continuation
@@ -318,5 +326,5 @@ def test_vllm_draws_the_first_token_hot_and_reports_each_log_prob_as_drawn(tiny_
         if x.response_ids.numel() == 2:
             q = _drawn_from(_next_logits(model, processor, ids + [first]), T, TOP_K)
             assert abs(float(x.logprobs[1]) - math.log(float(q[x.response_ids[1]]))) < 1e-4
-    one = engine.generate([prompt], SamplingParams(n=4, temperature=T, max_new_tokens=1, first_token_temperature=3.0))
+    one = engine.generate([prompt], SamplingParams(n=4, temperature=T, max_new_tokens=1, first_token_temperature=2.0))
     assert all(x.response_ids.numel() == 1 for x in one)  # the hot request alone

@@ -323,6 +323,15 @@ class PolicyTrainConfig:
                 "(teacher.path: a model folder with the policy's tokenizer, or teacher.url: a server of one)"
             )
         self.teacher.check()
+        if r.engine == "vllm":  # vLLM's SamplingParams refuse a temperature above 2 at the first request
+            temperatures = [("rollout.temperature", r.temperature), ("train.eval_temperature", t.eval_temperature)]
+            temperatures.append(("rollout.first_token_temperature", r.first_token_temperature))
+            for key, value in temperatures:
+                if value is not None and value > 2:
+                    raise ConfigError(
+                        f"{key}={value:g}: rollout.engine=vllm samples at temperatures in [0, 2]; use 2 or less, or "
+                        "rollout.engine=hf"
+                    )
         if self.algorithm.estimator.group and r.n_samples_per_prompt < 2:
             raise ConfigError(
                 f"rollout.n_samples_per_prompt={r.n_samples_per_prompt}: must be >= 2 for "
