@@ -270,12 +270,6 @@ class PolicyTrainConfig:
     reward: RewardPoolConfig = option(DEFAULT_REWARD, "reward pool: weighted sources, per-task recipes")
     critic: CriticConfig = option(CriticConfig(), "value model (PPO with GAE)")
     teacher: TeacherConfig = option(TeacherConfig(), "on-policy distillation's teacher (docs/distillation.md)")
-
-    def sequence_length(self) -> int:
-        """The longest prompt and response a sample can have (a trajectory's budget with tools)."""
-        response = self.tools.max_tokens if self.tools.enabled else self.rollout.max_new_tokens
-        return self.data.max_prompt_length + response
-
     tools: ToolsConfig = option(ToolsConfig(), "multi-turn rollouts with tools (docs/tools.md); none by default")
     optim: OptimConfig = option(OptimConfig(lr=1e-6), "AdamW and learning-rate schedule")
     strategy: StrategyConfig = option(StrategyConfig(), "single process, FSDP2 or DeepSpeed")
@@ -283,6 +277,11 @@ class PolicyTrainConfig:
         PolicyTrainLoopConfig(output_dir="runs/train-policy", eval_every=20), "the run, update batches, evaluation"
     )
     logging: LoggingConfig = option(LoggingConfig(wandb_project="vlrft-policy"), "TensorBoard, wandb, progress bar")
+
+    def sequence_length(self) -> int:
+        """The longest prompt and response a sample can have (a trajectory's budget with tools)."""
+        response = self.tools.max_tokens if self.tools.enabled else self.rollout.max_new_tokens
+        return self.data.max_prompt_length + response
 
     def _check_async(self) -> None:
         """What ``rollout.mode=async`` cannot do (yet), each refused in one line."""

@@ -352,7 +352,7 @@ def _named_teacher(check: Callable[[Any], None], teachers: dict[str, Any], serve
                 else "names no teacher (metadata.teacher) and there is no teacher.path or teacher.url"
             )
             raise DataError(f"record {record.id!r} {why}", category="teacher", field="metadata")
-        if teachers[name].url and (record.images or getattr(record, "videos", None)):
+        if teachers[name].url and (record.images or record.videos):
             raise DataError(
                 f"record {record.id!r} has images or videos and its teacher {name!r} is served; {served}",
                 category="images",

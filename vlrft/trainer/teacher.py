@@ -104,11 +104,6 @@ class TeacherConfig:
         """A named teacher: this section's keys under the entry's own (its path or url, not this section's)."""
         return replace(self, **{"path": "", "url": "", **entry, "by_name": {}})
 
-    @property
-    def where(self) -> str:
-        """``teacher.path=...`` or ``teacher.url=...``, for messages."""
-        return f"teacher.url={self.url}" if self.url else f"teacher.path={self.path}"
-
     def check(self, key: str = "teacher") -> None:
         """The keys alone (no server asked, no file read): one of path and url, a URL that is one, its key set; each
         of ``by_name`` likewise (a mapping of known keys, one of path and url)."""
@@ -231,11 +226,8 @@ class Teacher(Offloadable):
         in the update, one micro-batch at a time, on the device the policy computes on."""
         t0 = time.perf_counter()
         batch = {k: v for k, v in mb.items() if k != "routing"}  # the policy's experts, not the teacher's
-        with self.on_device():
-            was = self.model.training
-            self.model.eval()
+        with self.on_device():  # the teacher's model is in eval mode from its load on
             logits = response_logits(self.model, batch, mb["response_ids"].shape[1], **kwargs)
-            self.model.train(was)
             out = torch.log_softmax(logits.float(), dim=-1)
         self.seconds += time.perf_counter() - t0
         return out
