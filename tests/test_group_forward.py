@@ -8,6 +8,7 @@ import pytest
 import torch
 from PIL import Image
 from tolerance import assert_within
+from updates import loss_gradients
 
 from data_pipelines.collate import collate_sequences, encode_prompt
 from data_pipelines.records import PromptRecord
@@ -95,14 +96,7 @@ def test_gradients_equal_unshared_for_every_parameter(tiny_model):
     batch, ids, mask = _batch(proc, _records(True), [2, 3, 5, 1], seed=1)
     adv = torch.randn(ids.shape[0], 1).expand_as(ids)
 
-    def grads(shared: bool) -> dict[str, torch.Tensor]:
-        model.zero_grad()
-        logp, ent = response_logprobs(model, batch, ids, with_entropy=True, shared=shared)
-        loss = -(logp * adv * mask).sum() / mask.sum() - 0.01 * (ent * mask).sum() / mask.sum()
-        loss.backward()
-        return {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
-
-    gs, gp = grads(True), grads(False)
+    gs, gp = (loss_gradients(model, batch, ids, mask, adv, shared=x, entropy_coef=0.01) for x in (True, False))
     assert set(gs) == set(gp) and any(k.startswith("model.visual") for k in gs)
     worst = max(((gs[k] - gp[k]).norm() / gp[k].norm().clamp_min(1e-12)).item() for k in gp if gp[k].norm() > 0)
     print(f"{len(gp)} parameters, worst relative gradient difference {worst:.2e}")

@@ -211,7 +211,7 @@ def test_policy_micro_loss_adds_the_coefficient_times_transformers_loss_over_the
 def test_the_router_loss_takes_the_plain_path_and_coefficient_zero_keeps_the_shared_one(tiny_model):
     """Qwen3-VL-MoE attends in every layer, so the group-shared forward applies; the router loss reads its logits in
     the plain rows, so with a coefficient > 0 the update takes those (and logs ``moe/*``), with 0 the shared path
-    (no ``moe/*``). Qwen3.5-MoE's linear attention never shares: its metrics come at coefficient 0 too."""
+    (no ``moe/*``). Qwen3.5-MoE (linear attention: the cached group-shared forward) likewise."""
     model, proc = load_model(tiny_model("qwen3_vl_moe"))
     mb, n_tok = _micro_batch(proc)
     assert "prompt_index" in mb
@@ -226,8 +226,13 @@ def test_the_router_loss_takes_the_plain_path_and_coefficient_zero_keeps_the_sha
     assert_within(abs(shared.item() - plain.item()), 1e-5, "shared vs plain policy loss")
     hybrid, proc = load_model(tiny_model("qwen3_5_moe"))
     mb, n_tok = _micro_batch(proc)
-    _, m = policy_micro_loss(hybrid, mb, _algorithm(0.0), n_tok, 3, 7, shared=True, **run)
-    assert {"moe/aux_loss", "moe/expert_load_entropy", "moe/max_expert_share"} <= set(m)
+    assert not update_shares_prompts(hybrid, mb, _algorithm(None), True)
+    assert update_shares_prompts(hybrid, mb, _algorithm(0.0), True)
+    shared, m_shared = policy_micro_loss(hybrid, mb, _algorithm(0.0), n_tok, 3, 7, shared=True, **run)
+    plain, m_plain = policy_micro_loss(hybrid, mb, _algorithm(0.0), n_tok, 3, 7, shared=False, **run)
+    assert not any(k.startswith("moe/") for k in m_shared)
+    assert {"moe/aux_loss", "moe/expert_load_entropy", "moe/max_expert_share"} <= set(m_plain)
+    assert_within(abs(shared.item() - plain.item()), 1e-5, "qwen3_5_moe: cached shared vs plain policy loss")
 
 
 def test_a_dense_policy_refuses_a_router_coefficient_in_the_update(tiny_model):

@@ -242,3 +242,32 @@ def test_new_archs_on_two_ranks_equal_one_process(tiny_model, tmp_path, single_u
     assert moved > 5e-4
     diff = max((got[k].double() - ref[k].double()).abs().max().item() for k in ref)
     assert_within(diff, 1e-5, f"{arch} {strategy} zero{stage}: max |param difference| 2 ranks vs 1 process")
+
+
+@pytest.mark.slow  # four jobs of 15-40 s each
+@pytest.mark.distributed
+@pytest.mark.parametrize("arch, strategy, stage", [("qwen3_5", "fsdp2", "2"), ("qwen3_5_moe", "deepspeed", "3")])
+def test_hybrid_archs_cached_group_forward_on_two_ranks_equals_the_plain_one_process(
+    tiny_model, tmp_path, arch, strategy, stage
+):
+    """Qwen3.5's cached group-shared forward (each prompt's forward once, its linear-attention states carried into
+    each sample's continuation: two forwards of the sharded model before one backward) on two gloo ranks under FSDP2
+    and ZeRO-3 makes the one-process update of the plain per-sample forward, within the bound of
+    :func:`test_new_archs_on_two_ranks_equal_one_process` (Adam eps 1e-4: slope <= 10; the two paths' gradients
+    differ by ~1e-7 of the whole gradient, tests/test_qwen3_5_moe_archs.py, so 1e-5). The router loss is off (its
+    logits are read in the plain rows only, so with it the update would not take the cached path)."""
+    if arch not in ARCHS:
+        pytest.skip(f"transformers without {arch} (5.24 has it)")
+    path = str(tiny_model(arch))
+    even = ["0", "even", "train.micro_train_batch_size=4", "algorithm.router_aux_coef=0"]
+    _run([path, str(tmp_path / "single.pt"), "single", "2", "plain", *even], 1)
+    _run([path, str(tmp_path / "two.pt"), strategy, stage, "shared", *even], 2)
+    got, ref = torch.load(tmp_path / "two.pt")["state"], torch.load(tmp_path / "single.pt")["state"]
+    initial = load_file(str(tiny_model(arch) / "model.safetensors"))
+    assert set(got) == set(ref)
+    moved = max((ref[k].double() - initial[k].double()).abs().max().item() for k in ref if k in initial)
+    assert moved > 5e-4
+    diff = max((got[k].double() - ref[k].double()).abs().max().item() for k in ref)
+    assert_within(
+        diff, 1e-5, f"{arch} {strategy} zero{stage} cached forward vs 1 process plain: max |param difference|"
+    )

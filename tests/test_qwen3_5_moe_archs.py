@@ -1,7 +1,7 @@
 """Qwen3.5 (hybrid Gated DeltaNet linear attention + full attention; dense and mixture-of-experts) and Qwen3-VL-MoE:
 the tiny models reload as hub checkpoints do, generate through the hf engine as the plain forward predicts, train
-(train-policy, train-sft) end to end, and the group-shared paths decline where a recurrent layer would make them
-wrong (issue 60)."""
+(train-policy, train-sft) end to end, and the group-shared forward computes each prompt once on each of them (a
+cached prompt, not a packed row, where a recurrent layer would carry one response's state into the next) (issue 60)."""
 
 from __future__ import annotations
 
@@ -12,13 +12,14 @@ import pytest
 import torch
 from PIL import Image
 from tolerance import assert_within
+from updates import loss_gradients
 
 from data_pipelines.collate import encode_prompt
 from data_pipelines.records import PromptRecord
 from vlrft.archs import ARCHS
 from vlrft.cli import main
 from vlrft.models.loading import load_model
-from vlrft.models.packing import recurrent_layers, shared_forward_applies, shared_prompt_logits
+from vlrft.models.packing import recurrent_layers, sample_images, shared_forward_kind, shared_prompt_logits
 from vlrft.models.processing import ImageOnlyQwen3VLProcessor
 from vlrft.models.tiny import CHAT_TEMPLATE
 from vlrft.rollout import SamplingParams, make_engine
@@ -123,23 +124,33 @@ def test_hf_engine_greedy_equals_the_plain_forward_argmax_and_its_logprobs(arch,
     assert_within(worst, FORWARD_BOUND, f"{arch}: hf engine log-probs vs the plain per-sample forward")
 
 
-@pytest.mark.parametrize("arch", NEW)
-def test_group_shared_forward_declines_recurrent_layers_and_equals_the_plain_forward(arch, tiny_model):
-    """Hybrid models: the group-shared forward declines (decided from the config's layer types) and the log-probs
-    asked for with ``shared=True`` equal each sample's forward alone; the packed row it declines is measurably
-    wrong there (the recurrent state of one response runs into the next). Qwen3-VL-MoE (attention only) packs."""
+def _group_batch(proc, index: list[int], seed: int = 0, longest: int = 8):
+    """A collated micro-batch of random responses (1 to ``longest - 1`` tokens) to ``_prompts``' prompts ``index``."""
     from data_pipelines.collate import collate_sequences
 
+    prompts = _prompts(proc)
+    g = torch.Generator().manual_seed(seed)
+    responses = [
+        torch.randint(3, 200, (int(torch.randint(1, longest, (1,), generator=g)),), generator=g) for _ in index
+    ]
+    pad = proc.tokenizer.pad_token_id
+    ids, mask = response_tensors(responses, pad)
+    return prompts, responses, collate_sequences(prompts, index, responses, pad), ids, mask
+
+
+@pytest.mark.parametrize("arch", NEW)
+def test_group_shared_forward_equals_each_samples_forward_alone(arch, tiny_model):
+    """The group-shared forward on each new architecture equals each sample's forward alone (no cache, no padding,
+    no other sample). Hybrid models take the cached path (each prompt's forward once, its convolution and recurrent
+    states carried into each sample's own continuation), decided from the config's layer types, never a packed row:
+    the packed row is measurably wrong there (the recurrent state of one response runs into the next). Qwen3-VL-MoE
+    (attention only) packs."""
     model, proc = load_model(tiny_model(arch))
     model.eval()
-    prompts = _prompts(proc)
-    g = torch.Generator().manual_seed(0)
-    index = [0, 0, 0, 1, 2, 2]
-    responses = [torch.randint(3, 200, (int(torch.randint(2, 8, (1,), generator=g)),), generator=g) for _ in index]
-    pad = proc.tokenizer.pad_token_id
-    batch = collate_sequences(prompts, index, responses, pad)
-    ids, mask = response_tensors(responses, pad)
-    assert shared_forward_applies(model, batch) == (arch not in HYBRID)
+    index = [0, 2, 0, 1, 2, 0]
+    prompts, responses, batch, ids, mask = _group_batch(proc, index, longest=20)
+    assert batch["input_ids"].shape[1] > 64  # the plain rows cross the gated delta rule's chunk, prompt + response
+    assert shared_forward_kind(model, batch) == ("cached" if arch in HYBRID else "packed")
     with torch.no_grad():
         got, _ = response_logprobs(model, batch, ids, shared=True)
         packed = torch.log_softmax(shared_prompt_logits(model, batch, ids.shape[1], torch.device("cpu")).double(), -1)
@@ -152,9 +163,79 @@ def test_group_shared_forward_declines_recurrent_layers_and_equals_the_plain_for
     print(f"{arch}: shared=True vs alone {worst:.2e}; the packed row vs alone {packed_gap:.2e}")
     assert_within(worst, FORWARD_BOUND, f"{arch}: log-probs with shared=True vs each sample's forward alone")
     if arch in HYBRID:
-        assert packed_gap > 1e-3  # what the decline avoids
+        assert packed_gap > 1e-3  # why hybrids never pack
     else:
         assert_within(packed_gap, FORWARD_BOUND, f"{arch}: the packed row vs each sample's forward alone")
+
+
+# The gradient bound of the cached path. Both paths sum the same per-token float32 terms, each of the size of the
+# whole gradient, in another order and chunk layout (transformers' gated delta rule computes in float32 whatever the
+# model's dtype, and the prompt and the continuation are two chunkings of the sequence), so each parameter's
+# gradient is off by a few ulps of the WHOLE gradient: measured against the whole gradient's norm, the ~1e-6 of
+# FORWARD_BOUND's reasoning, and 1e-5 is ten times that. Measured against a parameter's own norm it is not bounded
+# by the arithmetic: the decay parameters of a linear-attention layer (A_log, dt_bias) have gradients whose terms
+# cancel to ~1e-6 of the whole, so the same absolute rounding is 1e-3..1e-2 of their own norm, and the plain path
+# alone, run with another chunk length of transformers' kernel (16 instead of 64), differs from itself that much
+# there (measured 5e-4 on qwen3_5, 8e-3 on qwen3_5_moe; 2e-7 of the whole gradient).
+GRADIENT_BOUND = 1e-5
+
+
+@pytest.mark.parametrize("arch", HYBRID)
+def test_cached_group_forward_gradients_equal_the_plain_forwards(arch, tiny_model):
+    """The policy loss's gradient (log-probs and entropy) through the cached path reaches every parameter the plain
+    path's does, through the carried states into the prompt's forward and the vision tower, and equals it within
+    GRADIENT_BOUND of the whole gradient; and each prompt, its images included, is computed once per micro-batch
+    (counted with forward hooks on the real embedding and vision tower)."""
+    model, proc = load_model(tiny_model(arch))
+    model.train()
+    index = [0, 1, 0, 2, 2, 0, 1]
+    _, _, batch, ids, mask = _group_batch(proc, index, seed=1, longest=12)
+    adv = torch.randn(ids.shape[0], 1, generator=torch.Generator().manual_seed(5)).expand_as(ids)
+    tokens: list[int] = []
+    patches: list[int] = []
+    text = model.model.language_model
+    hooks = [
+        text.embed_tokens.register_forward_hook(lambda mod, args, out: tokens.append(args[0].numel())),
+        model.model.visual.register_forward_hook(lambda mod, args, out: patches.append(args[0].shape[0])),
+    ]
+
+    try:
+        gs, gp = (loss_gradients(model, batch, ids, mask, adv, shared=x, entropy_coef=0.01) for x in (True, False))
+    finally:
+        for h in hooks:
+            h.remove()
+    assert set(gs) == set(gp) and any(k.startswith("model.visual") for k in gs)
+    assert any(".linear_attn." in k for k in gs)
+    whole = torch.sqrt(sum((g.double() ** 2).sum() for g in gp.values())).item()
+    worst = max((gs[k] - gp[k]).double().norm().item() for k in gp) / whole
+    own = max(((gs[k] - gp[k]).norm() / gp[k].norm().clamp_min(1e-30)).item() for k in gp if gp[k].norm() > 0)
+    print(f"{arch}: {len(gp)} parameters; worst gradient difference {worst:.2e} of the whole gradient ({own:.2e} of")
+    print(f"  the parameter's own norm); tokens through the text model {tokens}, image patches {patches}")
+    assert_within(worst, GRADIENT_BOUND, f"{arch}: cached vs plain gradients, worst parameter, of the whole gradient")
+    prompt_len, resp_len = batch["prompt_lengths"], batch["response_lengths"]
+    firsts = [index.index(p) for p in sorted(set(index))]
+    longest_prompt, longest_response = int(prompt_len[firsts].max()), int(resp_len.max())
+    # cached: the 3 prompts once (left-padded to the longest), then each sample's response but its last token
+    assert tokens == [3 * longest_prompt, len(index) * (longest_response - 1), batch["input_ids"].numel()]
+    once = sample_images(batch, firsts)
+    assert patches == [once["pixel_values"].shape[0], batch["pixel_values"].shape[0]]
+
+
+def test_cached_group_forward_is_declined_under_gradient_checkpointing(tiny_model):
+    """A block called with a cache is not checkpointed (``vlrft.strategies.blocks``), so with
+    ``strategy.gradient_checkpointing`` a hybrid model's update takes the plain rows (the memory the user asked to
+    save is kept); inference (old and reference log-probs, no gradient) still computes each prompt once."""
+    from vlrft.strategies.blocks import own_block_forwards
+
+    model, proc = load_model(tiny_model("qwen3_5"))
+    _, _, batch, _, _ = _group_batch(proc, [0, 0, 1])
+    own_block_forwards(model, compile=False, checkpoint=True)
+    model.train()
+    assert shared_forward_kind(model, batch) is None
+    with torch.no_grad():
+        assert shared_forward_kind(model, batch) == "cached"
+    model.eval()
+    assert shared_forward_kind(model, batch) == "cached"
 
 
 @pytest.mark.parametrize("arch", NEW)

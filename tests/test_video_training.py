@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 from tolerance import assert_within
+from updates import loss_gradients
 
 from data_pipelines.collate import collate_sequences, encode_prompt
 from data_pipelines.errors import DataError
@@ -21,6 +22,7 @@ from data_pipelines.readers import filter_by_prompt_length, prompt_length, read_
 from data_pipelines.records import PromptRecord
 from data_pipelines.synthetic_video import dot_frames, make_dot_motion_records
 from data_pipelines.video import use_video_settings
+from vlrft.archs import ARCHS
 from vlrft.cli import main
 from vlrft.models.loading import load_model
 from vlrft.models.packing import pack_groups, sample_images
@@ -73,11 +75,12 @@ def _processor_batch(proc, recs, sizes, seed=0):
     return prompts, collate_sequences(prompts, index, responses, pad), ids, mask
 
 
-@pytest.mark.parametrize("arch", VL)
+@pytest.mark.parametrize("arch", VL + [a for a in ("qwen3_5",) if a in ARCHS])
 def test_video_prompts_share_the_forward_exactly_and_encode_each_video_once(arch, tiny_model, videos):
     """Group-shared vs plain log-probs and entropies with video prompts (one video, an image and a frame-list video,
     two videos, text only) within the bound of the image path; the vision tower encodes each prompt's video patches
-    once in the shared path and once per sample in the plain one."""
+    once in the shared path and once per sample in the plain one. Qwen3.5 (hybrid linear attention) takes the cached
+    path, the others a packed row."""
     model, proc = load_model(tiny_model(arch), torch.float32)
     use_video_settings(proc, **SMALL)
     model.eval()
@@ -89,7 +92,7 @@ def test_video_prompts_share_the_forward_exactly_and_encode_each_video_once(arch
     merge = proc.image_processor.merge_size**2
     assert tokens == [int(p.video_grid_thw.prod(-1).sum()) // merge if p.num_videos else 0 for p in prompts]
     assert ("second_per_grid_ts" in batch) == (arch == "qwen2_5_vl")  # Qwen2.5-VL's timing input
-    if arch == "qwen3_vl":  # its timing is in the prompt: "<t seconds>" before each temporal grid
+    if arch in ("qwen3_vl", "qwen3_5"):  # its timing is in the prompt: "<t seconds>" before each temporal grid
         assert "seconds>" in proc.tokenizer.decode(prompts[0].input_ids)
     seen: list[int] = []
     handle = model.model.visual.register_forward_hook(lambda mod, args, out: seen.append(args[0].shape[0]))
@@ -128,13 +131,7 @@ def test_video_gradients_equal_the_plain_path_for_every_parameter(tiny_model, vi
     _, batch, ids, mask = _processor_batch(proc, _records(videos), [2, 1, 3, 2], seed=1)
     adv = torch.randn(ids.shape[0], 1, generator=torch.Generator().manual_seed(0)).expand_as(ids)
 
-    def grads(shared: bool) -> dict[str, torch.Tensor]:
-        model.zero_grad()
-        logp, _ = response_logprobs(model, batch, ids, shared=shared)
-        (-(logp * adv * mask).sum() / mask.sum()).backward()
-        return {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
-
-    gs, gp = grads(True), grads(False)
+    gs, gp = (loss_gradients(model, batch, ids, mask, adv, shared=x) for x in (True, False))
     assert set(gs) == set(gp) and any(k.startswith("model.visual") for k in gs)
     # a key projection's bias has a zero gradient in exact arithmetic (it adds q.b to every score of a query: softmax
     # ignores it), so what both paths compute for it is rounding noise, whose relative difference means nothing

@@ -14,7 +14,7 @@ from vlrft.models.loading import load_model
 from vlrft.rollout import Rollout
 from vlrft.strategies import make_strategy
 from vlrft.trainer.config import PolicyTrainConfig
-from vlrft.trainer.experience import group_rollouts, score_rollouts
+from vlrft.trainer.experience import group_rollouts, response_logprobs, score_rollouts
 from vlrft.trainer.policy_trainer import PolicyTrainer
 
 
@@ -98,3 +98,15 @@ def policy_update(path, tmp_path, extra: list[str], critic: bool) -> tuple[dict,
 def max_diff(a: dict, b: dict) -> float:
     assert set(a) == set(b)
     return max((a[k].double() - b[k].double()).abs().max().item() for k in a)
+
+
+def loss_gradients(model, batch, ids, mask, advantages, *, shared: bool, entropy_coef: float = 0.0) -> dict:
+    """Every parameter's gradient of a policy-gradient loss over ``batch`` (token mean of ``-log p * advantage``,
+    minus ``entropy_coef`` times the mean entropy) with the group-shared forward (``shared``) or the plain rows."""
+    model.zero_grad()
+    logp, ent = response_logprobs(model, batch, ids, with_entropy=entropy_coef > 0, shared=shared)
+    loss = -(logp * advantages * mask).sum() / mask.sum()
+    if entropy_coef > 0:
+        loss = loss - entropy_coef * (ent * mask).sum() / mask.sum()
+    loss.backward()
+    return {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}

@@ -31,9 +31,10 @@ from typing import Any
 
 import torch
 
-from data_pipelines.collate import MODALITIES
+from data_pipelines.collate import MODALITIES, MODEL_INPUT_KEYS
 from vlrft.models.attention_functions import PACKED_SDPA, _text_config, attention_kind, use_packed_attention
 from vlrft.models.packed_attention import PackedBlock, PackedLayout, PackedRow
+from vlrft.models.prefix_decoding import CACHE, carry_cache
 
 
 @dataclass
@@ -89,23 +90,33 @@ def recurrent_layers(model: torch.nn.Module) -> list[int]:
     return [i for i, t in enumerate(types) if t in RECURRENT_LAYER_TYPES]
 
 
+def shared_forward_kind(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> str | None:
+    """How the group-shared forward computes ``batch``: ``"packed"`` (one row ``[prompt | r_1 | r_2 | ...]`` per
+    prompt under a block mask: :func:`shared_prompt_logits`), ``"cached"`` (a model with recurrent layers,
+    :func:`recurrent_layers`, whose state a packed row would carry from r_1 into r_2, which no mask stops: each
+    prompt's forward once, its cache carried into each of its samples' continuation: :func:`cached_prompt_logits`),
+    or None (the plain rows).
+
+    None where the batch does not say which samples share a prompt; where a response holds images of its own (images
+    that tools returned inside a response would need their own m-rope positions and vision features, which neither
+    lays out; multi-turn responses with text observations are computed as any response is); where the batch carries
+    the rollout's experts (``batch["routing"]``, rollout routing replay: they are replayed in the plain rows'
+    layout); "packed" where the model's attention takes no block mask (flash-attention 2); "cached" where the blocks
+    are checkpointed (``strategy.gradient_checkpointing``) in a forward with gradients (a block called with a cache is
+    not checkpointed, ``vlrft.strategies.blocks``: the memory the user asked to save would be spent)."""
+    if "prompt_index" not in batch or "routing" in batch:
+        return None
+    if "response_images" in batch and bool(batch["response_images"].any()):
+        return None
+    if recurrent_layers(model):
+        checkpointed = any(getattr(m, "vlrft_checkpoint", None) is not None for m in model.modules())
+        return None if checkpointed and model.training and torch.is_grad_enabled() else "cached"
+    return "packed" if attention_kind(model) in BLOCK_MASK_ATTENTION else None
+
+
 def shared_forward_applies(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> bool:
-    """The batch says which samples share a prompt, the model's attention takes the block mask, its text layers all
-    attend (a recurrent layer, :func:`recurrent_layers`, would run through a packed row ``[prompt | r_1 | r_2]``
-    carrying r_1's state into r_2: the block mask does not reach it), and no response holds images of its own.
-    Multi-turn responses with text observations pack as any response does (their tokens continue the prompt's
-    positions one by one); images that tools returned inside a response would need their own m-rope positions and
-    vision features in the packed row, which this packing does not lay out, so such batches take the plain path. A
-    batch carrying the rollout's experts (``batch["routing"]``, rollout routing replay) takes it too: the experts
-    are replayed in the plain rows' layout."""
-    if (
-        "prompt_index" not in batch
-        or "routing" in batch
-        or attention_kind(model) not in BLOCK_MASK_ATTENTION
-        or recurrent_layers(model)
-    ):
-        return False
-    return "response_images" not in batch or not bool(batch["response_images"].any())
+    """Whether the group-shared forward computes ``batch`` (:func:`shared_forward_kind`, either way)."""
+    return shared_forward_kind(model, batch) is not None
 
 
 def _prompt_positions(owner: Any, ids: torch.Tensor, types: torch.Tensor | None, media: dict[str, torch.Tensor]):
@@ -260,6 +271,77 @@ def shared_prompt_logits(
     out = model(**packed.inputs, logits_to_keep=keep, use_cache=False)
     row, at = packed.row.to(device), (packed.predict_at - packed.first).to(device)
     return out.logits[row[:, None], at]
+
+
+def cached_prompt_logits(
+    model: torch.nn.Module, batch: dict[str, torch.Tensor], width: int, device: torch.device
+) -> torch.Tensor:
+    """The logits ``[N, R, V]`` that predict each sample's response tokens, for a model with recurrent layers: the
+    micro-batch's prompts in one forward (left-padded, their images with them; a left-padded linear-attention row is
+    exact: its padding enters as zeros, so its state stays zero until the first real token), whose cache (the
+    attention layers' keys and values, the linear-attention layers' convolution window and recurrent state) is
+    carried to each sample (``prefix_decoding.carry_cache``, gradients through it) and continued by one forward of
+    the right-padded responses at the positions they have after their prompt. Two forwards, each prompt computed
+    once; the prompt's last position predicts token 0, response token j - 1 predicts token j."""
+    prompt_index = batch["prompt_index"].tolist()
+    prompt_len = batch["prompt_lengths"].tolist()
+    resp_len = batch["response_lengths"].tolist()
+    owner = _rope_owner(model)
+    firsts: dict[int, int] = {}
+    for i, p in enumerate(prompt_index):
+        firsts.setdefault(p, i)
+    rows = list(firsts.values())  # the first sample of each prompt: its prompt's row
+    row_of = torch.tensor([rows.index(firsts[p]) for p in prompt_index], device=device)
+    longest = max(prompt_len[s] for s in rows)
+    ids = torch.zeros((len(rows), longest), dtype=torch.long)
+    types = torch.zeros_like(ids)
+    mask = torch.zeros_like(ids)
+    positions = torch.zeros((3, len(rows), longest), dtype=torch.long)
+    images = sample_images(batch, rows)
+    starts = []
+    for b, s0 in enumerate(rows):
+        lp = prompt_len[s0]
+        ids[b, longest - lp :] = batch["input_ids"][s0, :lp]
+        mask[b, longest - lp :] = 1
+        row_types = batch["mm_token_type_ids"][s0, :lp] if "mm_token_type_ids" in batch else None
+        if row_types is not None:
+            types[b, longest - lp :] = row_types
+        ppos = _prompt_positions(owner, ids[b, longest - lp :], row_types, sample_images(batch, [s0]))
+        positions[:, b, longest - lp :] = ppos
+        starts.append(int(ppos.max()) + 1 if lp else 0)
+    vl = owner is not None
+    prompt = {
+        "input_ids": ids.to(device),
+        "attention_mask": mask.to(device),
+        "position_ids": (positions if vl else positions[0]).to(device),
+        **{k: v.to(device) for k, v in images.items() if k in MODEL_INPUT_KEYS},
+    }
+    if "mm_token_type_ids" in batch:
+        prompt["mm_token_type_ids"] = types.to(device)
+    out = model(**prompt, use_cache=True, logits_to_keep=1)
+    first = out.logits[:, -1][row_of]  # [N, V]: the prompt's last position predicts response token 0
+    if width <= 1:
+        return first[:, None][:, :width]
+    cache = carry_cache(getattr(out, CACHE), row_of)
+    n, r = len(prompt_index), width - 1  # response tokens 0 .. width - 2 predict tokens 1 .. width - 1
+    cont = torch.zeros((n, r), dtype=torch.long)
+    cont_mask = torch.zeros_like(cont)
+    cont_pos = torch.zeros((n, r), dtype=torch.long)
+    for i in range(n):
+        lp, li = prompt_len[i], min(resp_len[i], r)
+        cont[i, :li] = batch["input_ids"][i, lp : lp + li]
+        cont_mask[i, :li] = 1
+        cont_pos[i] = starts[rows.index(firsts[prompt_index[i]])] + torch.arange(r)
+    attention = torch.cat([mask.to(device)[row_of], cont_mask.to(device)], dim=1)
+    pos = cont_pos.to(device)
+    rest = model(
+        input_ids=cont.to(device),
+        attention_mask=attention,
+        position_ids=pos.expand(3, -1, -1) if vl else pos,
+        use_cache=True,
+        **{CACHE: cache},
+    ).logits  # [N, R - 1, V]
+    return torch.cat([first[:, None], rest], dim=1)
 
 
 def shared_prompt_values(

@@ -10,10 +10,16 @@ dynamic cache concatenates at every step.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable
 
 import torch
-from transformers.cache_utils import DynamicLayer
+from transformers.cache_utils import DynamicLayer, LinearAttentionLayer
+from transformers.modeling_outputs import CausalLMOutputWithPast
+
+# the name of a causal LM's cache, as a forward's keyword and its output's field (transformers renamed
+# ``past_key_values`` to ``cache``)
+CACHE = "cache" if "cache" in {f.name for f in dataclasses.fields(CausalLMOutputWithPast)} else "past_key_values"
 
 
 class SharedPrefixLayer(DynamicLayer):
@@ -96,6 +102,61 @@ def repeat_cache(cache: Any, n: int) -> Any:
             for i, state in states.items():
                 if state is not None:
                     states[i] = state.repeat_interleave(n, dim=0)
+    return cache
+
+
+class CarriedStateLayer(LinearAttentionLayer):
+    """A linear-attention layer's cache (a convolution window and a recurrent state per row) that a training forward
+    continues from, with gradients: each update assigns the new state instead of copying it into the old one in
+    place (transformers' :class:`LinearAttentionLayer` copies, for a static address; the gated delta rule saved the
+    old state for its backward, so the copy would fail the backward), and it reports that it records the past, so
+    the layer takes its multi-token convolution path (which reads the state, never writes it in place) for a
+    continuation of one token too."""
+
+    def __init__(self, conv: torch.Tensor, recurrent: torch.Tensor | None, kernel: int):
+        super().__init__()
+        self.conv_states[0], self.recurrent_states[0] = conv, recurrent
+        self.conv_kernel_size[0] = kernel
+        self.is_conv_states_initialized[0] = self.has_previous_state[0] = True
+        self.is_recurrent_states_initialized[0] = recurrent is not None
+        self.dtype, self.device = conv.dtype, conv.device
+        self.record_past = True
+
+    def update_conv_state(self, conv_states: torch.Tensor, state_idx: int = 0, **kwargs: Any) -> torch.Tensor:
+        full = torch.cat([self.conv_states[state_idx], conv_states], dim=-1)
+        self.conv_states[state_idx] = full[..., -self.conv_kernel_size[state_idx] :]
+        return full
+
+    def update_recurrent_state(self, recurrent_states: torch.Tensor, state_idx: int = 0, **kwargs: Any) -> torch.Tensor:
+        self.recurrent_states[state_idx] = recurrent_states
+        return recurrent_states
+
+
+def carry_cache(cache: Any, index: torch.Tensor) -> Any:
+    """A prompt forward's ``cache`` (one row per prompt) made, in place, the cache that the continuations of samples
+    ``index`` (each sample's prompt row) start from, gradients through it to the prompt forward: attention layers'
+    keys and values selected per sample (``DynamicLayer``), linear-attention layers' states selected per sample into
+    :class:`CarriedStateLayer`. A cache layer of another kind: ValueError naming it."""
+    layers = []
+    for layer in cache.layers:
+        if type(layer) is DynamicLayer:
+            layer.keys, layer.values = layer.keys.index_select(0, index), layer.values.index_select(0, index)
+            layers.append(layer)
+        elif type(layer) is LinearAttentionLayer and layer.number_of_states == 1 and layer.has_previous_state[0]:
+            recurrent = layer.recurrent_states[0]
+            layers.append(
+                CarriedStateLayer(
+                    layer.conv_states[0].index_select(0, index),
+                    recurrent.index_select(0, index) if recurrent is not None else None,
+                    layer.conv_kernel_size[0],
+                )
+            )
+        else:
+            raise ValueError(
+                f"the group-shared forward cannot carry a prompt's cache layer of kind {type(layer).__name__} into its "
+                "samples; set train.shared_prompt_forward=false"
+            )
+    cache.layers = layers
     return cache
 
 

@@ -23,19 +23,17 @@ place, the engine's builder (``vlrft.rollout.hf``), from ``rollout.hf`` and wher
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 from contextlib import contextmanager, nullcontext
 from typing import Callable, Iterable
 
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList, TopKLogitsWarper, TopPLogitsWarper
-from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from data_pipelines.collate import MODALITIES, EncodedPrompt, collate_prompts, tokenizer_of
 from vlrft.models.attention_functions import use_packed_attention
 from vlrft.models.moe import is_moe
-from vlrft.models.prefix_decoding import repeat_cache, share_prompt_cache
+from vlrft.models.prefix_decoding import CACHE, repeat_cache, share_prompt_cache
 from vlrft.models.routing_replay import record_routing, sequence_routing
 from vlrft.rollout.base import Rollout, SamplingParams, vision_token_ids
 from vlrft.rollout.keyed import gumbel_max, row_keys
@@ -43,7 +41,6 @@ from vlrft.rollout.static_cache import StaticCaches
 
 # later transformers 5 releases renamed the KV cache from past_key_values to cache; the old name still works there but
 # warns on every generate call (a FutureWarning and a log line), so the cache goes by the name it has
-CACHE = "cache" if "cache" in {f.name for f in dataclasses.fields(CausalLMOutputWithPast)} else "past_key_values"
 
 
 class HFRolloutEngine:

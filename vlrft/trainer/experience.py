@@ -23,8 +23,9 @@ from vlrft.algorithms import (
     logprobs_from_logits,
 )
 from vlrft.models.packing import (
+    cached_prompt_logits,
     sample_images,
-    shared_forward_applies,
+    shared_forward_kind,
     shared_prompt_logits,
     shared_prompt_values,
 )
@@ -194,8 +195,11 @@ def response_logits(
     of the distribution the engine sampled from, not of one that keeps mass on tokens no rollout can contain."""
     device = device or next(model.parameters()).device
     r = width
-    if shared and shared_forward_applies(model, batch):
+    kind = shared_forward_kind(model, batch) if shared else None
+    if kind == "packed":
         picked = shared_prompt_logits(model, batch, r, device)  # [N, R, V]
+    elif kind == "cached":
+        picked = cached_prompt_logits(model, batch, r, device)
     else:
         prompt_len = batch["prompt_lengths"].to(device)
         width = batch["input_ids"].shape[1]
@@ -248,7 +252,7 @@ def response_values(
     ``ScalarRewardModel`` called with ``per_token=True``): value j is read at position prompt_len - 1 + j.
     ``shared``: each prompt computed once per group, as in :func:`response_logprobs`."""
     device = device or next(critic.parameters()).device
-    if shared and shared_forward_applies(critic, batch):
+    if shared and shared_forward_kind(critic, batch) == "packed":  # a recurrent critic: its plain rows
         return shared_prompt_values(critic, batch, width, device)
     values = critic(**model_inputs(batch, device), per_token=True)  # [N, T]
     pos = (batch["prompt_lengths"].to(device) - 1)[:, None] + torch.arange(width, device=device)[None]
