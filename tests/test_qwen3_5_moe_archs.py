@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -310,6 +311,23 @@ def test_train_sft_learns_the_colour_task(arch, tiny_model, tmp_path):
     assert evals[0] <= 0.3 and evals[60] >= 0.95, evals
 
 
+@pytest.mark.slow
+def test_grpo_learns_the_colour_task_on_qwen3_5_from_scratch(tmp_path):
+    """Learning proof (issue 60): train-policy's embedded GRPO default (colour task, 200 steps) on a tiny random
+    Qwen3.5 (hybrid Gated DeltaNet + full attention; the update's group-shared forward is the cached path) at
+    ``optim.lr=1e-3`` takes held-out greedy accuracy from <= 0.3 to >= 0.95 at every evaluation from step 120 on.
+    Measured on the 2-core Xeon (evaluations every 10 steps): 1.0 from step 90 (seed 0), 40 (seed 1), 90 (seed 2) and
+    90 (seed 0 under MKL_CBWR=COMPATIBLE), to step 200 in all four; about 60-80 s. At the default's 2e-3 seed 0 stayed
+    at 0.75 (one colour never named), as it did with entropy_coef 0.02 (docs/tiny-models.md)."""
+    out = tmp_path / "rl"
+    args = ["train-policy", "model.tiny_arch=qwen3_5", "optim.lr=1e-3", "train.eval_every=20"]
+    assert main([*args, f"train.output_dir={out}", *QUIET]) == 0
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    evals = {r["step"]: r["eval/accuracy"] for r in rows if "eval/accuracy" in r}
+    print(f"qwen3_5 GRPO held-out accuracy: {evals}")
+    assert evals[0] <= 0.3 and all(evals[s] >= 0.95 for s in range(120, 201, 20)), evals
+
+
 @pytest.mark.parametrize("arch", NEW)
 def test_train_dpo_train_reward_model_and_eval_run_on_each_new_arch(arch, tiny_model, tmp_path):
     """Issue 60, item 2: train-dpo, train-reward-model (scalar head and judge) two steps each, and ``vlrft eval`` on
@@ -336,3 +354,52 @@ def test_train_dpo_train_reward_model_and_eval_run_on_each_new_arch(arch, tiny_m
         == 0
     )
     assert json.loads((tmp_path / "eval" / "metrics.json").read_text())["num_problems"] == 4
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", NEW)
+def test_multi_turn_tools_on_each_new_arch_from_tool_demonstrations(arch, tmp_path):
+    """Issue 60, item 2 (multi-turn tools): each new architecture, built with Qwen's tool tokens, learns the zoom
+    tool's call format from 60 steps of train-sft on the tool demonstrations (configs/sft/zoom_tools.yaml), then
+    train-policy (configs/policy/zoom_tools.yaml) runs two steps of multi-turn trajectories on it through the hf engine:
+    the policy calls zoom, the tool's image comes back as the next turn's image (such responses hold images of their
+    own, so the update takes the plain rows), and samples.jsonl shows each turn."""
+    configs = Path(__file__).resolve().parents[1] / "configs"
+    sft = tmp_path / "sft"
+    args = [
+        "train-sft",
+        str(configs / "sft" / "zoom_tools.yaml"),
+        f"model.tiny_arch={arch}",
+        f"train.output_dir={sft}",
+        "train.max_steps=60",
+        "optim.lr=3e-3",  # as the tool_policy fixture (tests/conftest.py): 60 steps at 3e-3 learn the call format
+        "optim.warmup_steps=0",
+        "train.eval_every=0",
+        "data.synthetic_train_size=256",
+        "data.eval_source=",
+        *QUIET,
+    ]
+    assert main(args) == 0
+    out = tmp_path / "rl"
+    args = [
+        "train-policy",
+        str(configs / "policy" / "zoom_tools.yaml"),
+        f"model.path={sft / 'final'}",
+        "train.max_steps=2",
+        "train.eval_every=0",
+        "rollout.rollout_batch_size=2",
+        "rollout.n_samples_per_prompt=4",
+        "data.synthetic_train_size=8",
+        "data.synthetic_eval_size=4",
+        f"train.output_dir={out}",
+        *QUIET,
+    ]
+    assert main(args) == 0
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "tools/calls" in r and "reward/combined" in r]
+    print(arch, [(r["tools/calls/zoom"], r["tools/images"]) for r in steps])
+    assert len(steps) == 2 and all(r["tools/images"] == r["tools/calls/zoom"] >= 0.5 for r in steps), steps
+    samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    assert any(
+        s["tool_calls"] == {"zoom": 1} and s["turns"][0]["observations"] == [{"text": "", "images": 1}] for s in samples
+    )
