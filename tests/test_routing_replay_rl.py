@@ -126,6 +126,37 @@ def test_train_policy_with_replay_logs_the_flips_and_closes_the_bf16_rollouts_lo
     assert flips > 0 and gap_replay < gap_plain / 2
 
 
+@pytest.mark.slow  # two torchrun jobs
+@pytest.mark.distributed
+def test_replay_under_fsdp2_on_two_ranks_closes_the_bf16_rollouts_logprob_gap(tiny_model, tmp_path):
+    """The same two runs as above under torchrun, FSDP2 on two gloo ranks: each rank's bf16 inference copy records
+    its rollouts' experts, the sharded float32 update replays them; the samples of the two runs are the same,
+    replay flips routings and shrinks the largest engine-vs-trainer log-prob gap."""
+    folder = _scaled_moe(tiny_model, tmp_path)
+    common = [f"model.path={folder}", "strategy.name=fsdp2", *QUIET, "rollout.first_token_temperature=1.0"]
+    common += ["data.synthetic_train_size=8", "data.synthetic_eval_size=4", "train.max_steps=1", "train.eval_every=0"]
+    common += ["rollout.rollout_batch_size=4", "rollout.n_samples_per_prompt=4", "rollout.max_new_tokens=8"]
+    common += ["rollout.hf.inference_copy=on", "rollout.hf.dtype=bfloat16", "train.log_samples=16"]
+    rows, samples = {}, {}
+    for name, extra in (("plain", []), ("replay", ["rollout.routing_replay=true"])):
+        out = tmp_path / name
+        cmd = torchrun("-m", "vlrft", "train-policy", *common, f"train.output_dir={out}", *extra)
+        res = run_job(cmd, env=subprocess_env(), timeout=600)
+        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-6000:]
+        rows[name] = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+        samples[name] = sorted(json.loads(x)["response"] for x in (out / "samples.jsonl").read_text().splitlines())
+    assert samples["plain"] == samples["replay"] and len(samples["plain"]) >= 8  # the samples rank 0 logs
+    step = {k: next(r for r in v if r.get("step") == 1 and "rollout/logprob_diff_max" in r) for k, v in rows.items()}
+    gap_plain, gap_replay = step["plain"]["rollout/logprob_diff_max"], step["replay"]["rollout/logprob_diff_max"]
+    flips = step["replay"]["moe/replay_flip_share"]
+    print(
+        f"\nFSDP2, 2 ranks: flipped routings {flips:.4f}; max |log-prob gap| {gap_plain:.4g} without replay, ", end=""
+    )
+    print(f"{gap_replay:.4g} with")
+    assert "moe/replay_flip_share" not in step["plain"]
+    assert flips > 0 and gap_replay < gap_plain / 2
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
