@@ -175,18 +175,20 @@ def test_group_shared_forward_equals_each_samples_forward_alone(arch, tiny_model
 # gradient is off by a few ulps of the WHOLE gradient: measured against the whole gradient's norm, the ~1e-6 of
 # FORWARD_BOUND's reasoning, and 1e-5 is ten times that. Measured against a parameter's own norm it is not bounded
 # by the arithmetic: the decay parameters of a linear-attention layer (A_log, dt_bias) have gradients whose terms
-# cancel to ~1e-6 of the whole, so the same absolute rounding is 1e-3..1e-2 of their own norm, and the plain path
+# cancel to ~1e-6 of the whole, so the same absolute rounding is 1e-3..1e-1 of their own norm, and the plain path
 # alone, run with another chunk length of transformers' kernel (16 instead of 64), differs from itself that much
-# there (measured 5e-4 on qwen3_5, 8e-3 on qwen3_5_moe; 2e-7 of the whole gradient).
+# there (measured 5e-4 to 2.4e-2 on two batches of the tiny qwen3_5 and qwen3_5_moe, where the cached path
+# differed by 1e-3 to 4e-2; both about 2e-7 of the whole gradient).
 GRADIENT_BOUND = 1e-5
 
 
-@pytest.mark.parametrize("arch", HYBRID)
-def test_cached_group_forward_gradients_equal_the_plain_forwards(arch, tiny_model):
-    """The policy loss's gradient (log-probs and entropy) through the cached path reaches every parameter the plain
-    path's does, through the carried states into the prompt's forward and the vision tower, and equals it within
-    GRADIENT_BOUND of the whole gradient; and each prompt, its images included, is computed once per micro-batch
-    (counted with forward hooks on the real embedding and vision tower)."""
+@pytest.mark.parametrize("arch", NEW)
+def test_group_shared_forward_gradients_equal_the_plain_forwards(arch, tiny_model):
+    """The policy loss's gradient (log-probs and entropy) through the group-shared forward reaches every parameter
+    the plain path's does (the hybrids: through the carried states into the prompt's forward and the vision tower)
+    and equals it within GRADIENT_BOUND of the whole gradient; Qwen3-VL-MoE (the packed row, attention only) also
+    within the per-parameter relative bound of tests/test_group_forward.py. Each prompt, its images included, is
+    computed once per micro-batch (counted with forward hooks on the real embedding and vision tower)."""
     model, proc = load_model(tiny_model(arch))
     model.train()
     index = [0, 1, 0, 2, 2, 0, 1]
@@ -199,27 +201,30 @@ def test_cached_group_forward_gradients_equal_the_plain_forwards(arch, tiny_mode
         text.embed_tokens.register_forward_hook(lambda mod, args, out: tokens.append(args[0].numel())),
         model.model.visual.register_forward_hook(lambda mod, args, out: patches.append(args[0].shape[0])),
     ]
-
     try:
         gs, gp = (loss_gradients(model, batch, ids, mask, adv, shared=x, entropy_coef=0.01) for x in (True, False))
     finally:
         for h in hooks:
             h.remove()
     assert set(gs) == set(gp) and any(k.startswith("model.visual") for k in gs)
-    assert any(".linear_attn." in k for k in gs)
+    assert any(".linear_attn." in k for k in gs) == (arch in HYBRID)
+    assert any(".experts." in k for k in gs) == arch.endswith("moe")
     whole = torch.sqrt(sum((g.double() ** 2).sum() for g in gp.values())).item()
     worst = max((gs[k] - gp[k]).double().norm().item() for k in gp) / whole
     own = max(((gs[k] - gp[k]).norm() / gp[k].norm().clamp_min(1e-30)).item() for k in gp if gp[k].norm() > 0)
     print(f"{arch}: {len(gp)} parameters; worst gradient difference {worst:.2e} of the whole gradient ({own:.2e} of")
     print(f"  the parameter's own norm); tokens through the text model {tokens}, image patches {patches}")
-    assert_within(worst, GRADIENT_BOUND, f"{arch}: cached vs plain gradients, worst parameter, of the whole gradient")
+    assert_within(worst, GRADIENT_BOUND, f"{arch}: shared vs plain gradients, worst parameter, of the whole gradient")
     prompt_len, resp_len = batch["prompt_lengths"], batch["response_lengths"]
     firsts = [index.index(p) for p in sorted(set(index))]
+    once = sample_images(batch, firsts)
+    assert patches == [once["pixel_values"].shape[0], batch["pixel_values"].shape[0]]
+    if arch not in HYBRID:  # attention only: the bound of tests/test_group_forward.py, each parameter's own norm
+        assert_within(own, FORWARD_BOUND, f"{arch}: shared vs plain gradients, worst relative to the parameter's own")
+        return
     longest_prompt, longest_response = int(prompt_len[firsts].max()), int(resp_len.max())
     # cached: the 3 prompts once (left-padded to the longest), then each sample's response but its last token
     assert tokens == [3 * longest_prompt, len(index) * (longest_response - 1), batch["input_ids"].numel()]
-    once = sample_images(batch, firsts)
-    assert patches == [once["pixel_values"].shape[0], batch["pixel_values"].shape[0]]
 
 
 def test_cached_group_forward_is_declined_under_gradient_checkpointing(tiny_model):
