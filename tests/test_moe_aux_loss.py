@@ -208,31 +208,33 @@ def test_policy_micro_loss_adds_the_coefficient_times_transformers_loss_over_the
 
 
 @needs_moe
-def test_the_router_loss_takes_the_plain_path_and_coefficient_zero_keeps_the_shared_one(tiny_model):
-    """Qwen3-VL-MoE attends in every layer, so the group-shared forward applies; the router loss reads its logits in
-    the plain rows, so with a coefficient > 0 the update takes those (and logs ``moe/*``), with 0 the shared path
-    (no ``moe/*``). Qwen3.5-MoE (linear attention: the cached group-shared forward) likewise."""
-    model, proc = load_model(tiny_model("qwen3_vl_moe"))
+@pytest.mark.parametrize("arch", MOE)
+def test_the_router_loss_and_metrics_are_the_same_on_the_group_shared_forward(arch, tiny_model):
+    """The router's load-balancing loss and the expert-load metrics are taken over the sampled response tokens on
+    every path: the plain rows, Qwen3-VL-MoE's packed row (one row per prompt) and Qwen3.5-MoE's cached path (the
+    prompts' forward, whose tokens are not counted, then the continuation of every response token). The group-shared
+    forward applies with the router loss on, and the loss and metrics equal the plain path's within the group-shared
+    forward's bound (tests/test_group_forward.py: the same float32 sums in another layout), the router loss's gradient
+    included (a loss with only the router term)."""
+    model, proc = load_model(tiny_model(arch))
     mb, n_tok = _micro_batch(proc)
     assert "prompt_index" in mb
-    assert not update_shares_prompts(model, mb, _algorithm(None), True)
-    assert update_shares_prompts(model, mb, _algorithm(0.0), True)
-    assert not update_shares_prompts(model, mb, _algorithm(0.0), False)
+    assert update_shares_prompts(model, mb, _algorithm(None), True)
+    assert not update_shares_prompts(model, mb, _algorithm(None), False)
     run = dict(kl_coef=0.0, temperature=1.0, suppress=None)
-    shared, m_shared = policy_micro_loss(model, mb, _algorithm(0.0), n_tok, 3, 7, shared=True, **run)
-    plain, m_plain = policy_micro_loss(model, mb, _algorithm(0.0), n_tok, 3, 7, shared=False, **run)
-    assert not any(k.startswith("moe/") for k in m_shared) and "moe/aux_loss" in m_plain
-    # the group-shared forward's bound (tests/test_group_forward.py): the same loss
-    assert_within(abs(shared.item() - plain.item()), 1e-5, "shared vs plain policy loss")
-    hybrid, proc = load_model(tiny_model("qwen3_5_moe"))
-    mb, n_tok = _micro_batch(proc)
-    assert not update_shares_prompts(hybrid, mb, _algorithm(None), True)
-    assert update_shares_prompts(hybrid, mb, _algorithm(0.0), True)
-    shared, m_shared = policy_micro_loss(hybrid, mb, _algorithm(0.0), n_tok, 3, 7, shared=True, **run)
-    plain, m_plain = policy_micro_loss(hybrid, mb, _algorithm(0.0), n_tok, 3, 7, shared=False, **run)
-    assert not any(k.startswith("moe/") for k in m_shared)
-    assert {"moe/aux_loss", "moe/expert_load_entropy", "moe/max_expert_share"} <= set(m_plain)
-    assert_within(abs(shared.item() - plain.item()), 1e-5, "qwen3_5_moe: cached shared vs plain policy loss")
+    got = {}
+    for shared in (True, False):
+        model.zero_grad()
+        loss, metrics = policy_micro_loss(model, mb, _algorithm(10.0), n_tok, 3, 7, shared=shared, **run)
+        loss.backward()
+        gate = torch.cat([b.gate.weight.grad.flatten() for b in moe_blocks(model)])
+        got[shared] = (loss.item(), metrics, gate.clone())
+    (ls, ms, gs), (lp, mp, gp) = got[True], got[False]
+    print(f"{arch}: aux {ms['moe/aux_loss']:.6f} shared vs {mp['moe/aux_loss']:.6f} plain")
+    for key in ("moe/aux_loss", "moe/expert_load_entropy", "moe/max_expert_share"):
+        assert_within(abs(ms[key] - mp[key]), 1e-5, f"{arch}: {key}, group-shared vs plain")
+    assert_within(abs(ls - lp), 1e-5, f"{arch}: policy loss with the router term (coef 10), group-shared vs plain")
+    assert_within(((gs - gp).norm() / gp.norm()).item(), 1e-5, f"{arch}: the routers' gradient, shared vs plain")
 
 
 def test_a_dense_policy_refuses_a_router_coefficient_in_the_update(tiny_model):

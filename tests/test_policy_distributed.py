@@ -254,12 +254,13 @@ def test_hybrid_archs_cached_group_forward_on_two_ranks_equals_the_plain_one_pro
     each sample's continuation: two forwards of the sharded model before one backward) on two gloo ranks under FSDP2
     and ZeRO-3 makes the one-process update of the plain per-sample forward, within the bound of
     :func:`test_new_archs_on_two_ranks_equal_one_process` (Adam eps 1e-4: slope <= 10; the two paths' gradients
-    differ by ~1e-7 of the whole gradient, tests/test_qwen3_5_moe_archs.py, so 1e-5). The router loss is off (its
-    logits are read in the plain rows only, so with it the update would not take the cached path)."""
+    differ by ~1e-7 of the whole gradient, tests/test_qwen3_5_moe_archs.py, so 1e-5). Qwen3.5-MoE trains with its
+    router's load-balancing loss (the config's 0.001), taken over the continuation's response tokens on the cached
+    path; the micro-batches hold one group each on both sides, as in the test above."""
     if arch not in ARCHS:
         pytest.skip(f"transformers without {arch} (5.24 has it)")
     path = str(tiny_model(arch))
-    even = ["0", "even", "train.micro_train_batch_size=4", "algorithm.router_aux_coef=0"]
+    even = ["0", "even", "train.micro_train_batch_size=4"]
     _run([path, str(tmp_path / "single.pt"), "single", "2", "plain", *even], 1)
     _run([path, str(tmp_path / "two.pt"), strategy, stage, "shared", *even], 2)
     got, ref = torch.load(tmp_path / "two.pt")["state"], torch.load(tmp_path / "single.pt")["state"]

@@ -318,8 +318,7 @@ def test_train_sft_learns_the_colour_task(arch, tiny_model, tmp_path):
 
 # GRPO from scratch on each new arch: train-policy's embedded default plus these. Qwen3.5 at the default lr 2e-3
 # stayed at 0.75 on seed 0 (one colour never named; also with entropy_coef 0.02); the MoE policies without the
-# router's load-balancing loss, so that the update's group-shared forward applies (with it: the plain rows, 5x the
-# step time)
+# router's load-balancing loss (measured so when the router loss still made the update take the plain rows)
 GRPO_FROM_SCRATCH = {
     "qwen3_5": ["optim.lr=1e-3"],
     "qwen3_5_moe": ["algorithm.router_aux_coef=0"],

@@ -262,11 +262,27 @@ def _packed_layout(spans: list[tuple[int, list[int]]], width: int, device: torch
 
 
 def shared_prompt_logits(
-    model: torch.nn.Module, batch: dict[str, torch.Tensor], width: int, device: torch.device
+    model: torch.nn.Module,
+    batch: dict[str, torch.Tensor],
+    width: int,
+    device: torch.device,
+    token_masks: list | None = None,
 ) -> torch.Tensor:
     """The logits ``[N, R, V]`` that predict each sample's response tokens, from one packed row per prompt
-    (only the logits from the first response-predicting position on are computed)."""
+    (only the logits from the first response-predicting position on are computed). ``token_masks``: as in
+    ``experience.response_logits``, the packed rows' response positions."""
     packed = pack_groups(model, batch, width, device)
+    if token_masks is not None:
+        rows = packed.inputs["input_ids"].shape
+        mask = torch.zeros(rows)
+        lengths = batch["response_lengths"].tolist()
+        offsets: dict[int, int] = {}  # the next response's start in each row
+        sampled = batch["response_mask"].float()
+        for i, b in enumerate(packed.row.tolist()):
+            start = offsets.get(b, int(batch["prompt_lengths"][i]))
+            mask[b, start : start + lengths[i]] = sampled[i, : lengths[i]]
+            offsets[b] = start + lengths[i]
+        token_masks.append(mask)
     keep = packed.inputs["input_ids"].shape[1] - packed.first
     out = model(**packed.inputs, logits_to_keep=keep, use_cache=False)
     row, at = packed.row.to(device), (packed.predict_at - packed.first).to(device)
@@ -274,7 +290,11 @@ def shared_prompt_logits(
 
 
 def cached_prompt_logits(
-    model: torch.nn.Module, batch: dict[str, torch.Tensor], width: int, device: torch.device
+    model: torch.nn.Module,
+    batch: dict[str, torch.Tensor],
+    width: int,
+    device: torch.device,
+    token_masks: list | None = None,
 ) -> torch.Tensor:
     """The logits ``[N, R, V]`` that predict each sample's response tokens, for a model with recurrent layers: the
     micro-batch's prompts in one forward (left-padded, their images with them; a left-padded linear-attention row is
@@ -320,10 +340,15 @@ def cached_prompt_logits(
         prompt["mm_token_type_ids"] = types.to(device)
     out = model(**prompt, use_cache=True, logits_to_keep=1)
     first = out.logits[:, -1][row_of]  # [N, V]: the prompt's last position predicts response token 0
-    if width <= 1:
+    if token_masks is not None:
+        token_masks.append(torch.zeros(ids.shape))  # no response token in the prompts' forward
+    # response tokens 0 .. width - 2 predict tokens 1 .. width - 1; the last one too where the router's loss is taken
+    # over every response token (token_masks), its logits dropped
+    r = width - 1 if token_masks is None else width
+    if r <= 0:
         return first[:, None][:, :width]
     cache = carry_cache(getattr(out, CACHE), row_of)
-    n, r = len(prompt_index), width - 1  # response tokens 0 .. width - 2 predict tokens 1 .. width - 1
+    n = len(prompt_index)
     cont = torch.zeros((n, r), dtype=torch.long)
     cont_mask = torch.zeros_like(cont)
     cont_pos = torch.zeros((n, r), dtype=torch.long)
@@ -340,8 +365,11 @@ def cached_prompt_logits(
         position_ids=pos.expand(3, -1, -1) if vl else pos,
         use_cache=True,
         **{CACHE: cache},
-    ).logits  # [N, R - 1, V]
-    return torch.cat([first[:, None], rest], dim=1)
+    ).logits  # [N, r, V]
+    if token_masks is not None:  # the tokens the policy sampled (not a tool's observation)
+        sampled = batch["response_mask"][:, :r].float()
+        token_masks.append(cont_mask.float() * torch.nn.functional.pad(sampled, (0, r - sampled.shape[1])))
+    return torch.cat([first[:, None], rest[:, : width - 1]], dim=1)
 
 
 def shared_prompt_values(

@@ -187,22 +187,28 @@ def response_logits(
     device: torch.device | None = None,
     shared: bool = False,
     suppress: torch.Tensor | None = None,
+    token_masks: list | None = None,
 ) -> torch.Tensor:
     """The logits ``[N, width, V]`` that predict each of the first ``width`` response tokens of ``batch`` (positions
     past a response's end hold junk: mask them). ``shared`` (with the batch's ``prompt_index``): each prompt computed
     once per group (vlrft.models.packing). ``suppress``: token ids the engines never sample
     (``vlrft.rollout.base.vision_token_ids``), their logits set to :data:`SUPPRESSED_LOGIT`, so these are the logits
-    of the distribution the engine sampled from, not of one that keeps mass on tokens no rollout can contain."""
+    of the distribution the engine sampled from, not of one that keeps mass on tokens no rollout can contain.
+    ``token_masks``: a list to which each forward of the model appends, in call order, a ``[rows, positions]`` mask of
+    the positions of its input that hold the batch's response tokens (where the router's load-balancing loss of a
+    mixture-of-experts policy is taken: ``vlrft.trainer.micro_losses``)."""
     device = device or next(model.parameters()).device
     r = width
     kind = shared_forward_kind(model, batch) if shared else None
     if kind == "packed":
-        picked = shared_prompt_logits(model, batch, r, device)  # [N, R, V]
+        picked = shared_prompt_logits(model, batch, r, device, token_masks)  # [N, R, V]
     elif kind == "cached":
-        picked = cached_prompt_logits(model, batch, r, device)
+        picked = cached_prompt_logits(model, batch, r, device, token_masks)
     else:
         prompt_len = batch["prompt_lengths"].to(device)
         width = batch["input_ids"].shape[1]
+        if token_masks is not None:
+            token_masks.append(response_token_mask(batch, width))
         start = int(prompt_len.min()) - 1  # first position whose logits predict a response token
         out = model(**model_inputs(batch, device), logits_to_keep=width - start, use_cache=False)
         logits = out.logits  # [N, width - start, V]
@@ -212,6 +218,17 @@ def response_logits(
     if suppress is not None and suppress.numel():
         picked = picked.index_fill(-1, suppress.to(device), SUPPRESSED_LOGIT)
     return picked
+
+
+def response_token_mask(batch: dict[str, torch.Tensor], width: int) -> torch.Tensor:
+    """``[N, width]``: at the positions of the plain rows ``[prompt | response | pad]`` that hold a response token, its
+    ``response_mask`` (0 for a token the policy did not sample, e.g. a tool's observation); 0 elsewhere."""
+    sampled = batch["response_mask"].float()
+    out = torch.zeros(sampled.shape[0], width + sampled.shape[1])
+    pos = batch["prompt_lengths"][:, None] + torch.arange(sampled.shape[1])[None]
+    lengths = batch["response_lengths"][:, None]
+    out.scatter_(1, pos, sampled * (torch.arange(sampled.shape[1])[None] < lengths))
+    return out[:, :width]
 
 
 def response_logprobs(

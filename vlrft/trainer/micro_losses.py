@@ -55,10 +55,13 @@ def policy_micro_loss(
     ``teacher.per_token: vocabulary``: ``coef`` times the exact reverse KL over the vocabulary
     (:func:`~vlrft.algorithms.vocabulary_reverse_kl`), aggregated as the policy loss, is added to the loss."""
     shared = update_shares_prompts(module, mb, a, shared)
-    routing = capture_routing(module) if is_moe(module) and not shared else nullcontext(None)
+    moe = is_moe(module)
+    routing = capture_routing(module) if moe else nullcontext(None)
+    token_masks: list | None = [] if moe else None  # each forward's response positions, for the router's loss
     # entropy is always computed: it is the metric that shows a collapsing policy
     with routing as calls:
-        logits = response_logits(module, mb, mb["response_ids"].shape[1], shared=shared, suppress=suppress)
+        width = mb["response_ids"].shape[1]
+        logits = response_logits(module, mb, width, shared=shared, suppress=suppress, token_masks=token_masks)
     logp, entropy = logprobs_and_entropy(logits, mb["response_ids"], temperature, with_entropy=True)
     dev = logp.device
     mask = mb["response_mask"].to(dev)
@@ -109,7 +112,7 @@ def policy_micro_loss(
         if a.entropy_coef > 0:
             loss = loss - a.entropy_coef * ent
     if calls is not None:
-        aux, moe_metrics = _router_terms(module, calls, mb)
+        aux, moe_metrics = _router_terms(module, calls, token_masks)
         metrics.update(moe_metrics)
         coef = router_aux_coef(module, a.router_aux_coef)
         if coef > 0:  # this micro-batch's share of the step's tokens: the ranks' micro-batches sum to a token mean
@@ -119,38 +122,37 @@ def policy_micro_loss(
 
 def update_shares_prompts(module: torch.nn.Module, mb: dict[str, torch.Tensor], a: Any, shared: bool) -> bool:
     """Whether the update's forward of micro-batch ``mb`` computes each prompt once per group (``shared`` asked and
-    the model and batch allow it: ``vlrft.models.packing.shared_forward_applies``). A mixture-of-experts policy
-    whose router loss is on (``algorithm.router_aux_coef``, ``vlrft.models.moe.router_aux_coef``) takes the plain
-    path: its router logits are read there, one row per sample. A dense policy with the coefficient set > 0:
-    ConfigError."""
-    if router_aux_coef(module, a.router_aux_coef) > 0:
-        return False
+    the model and batch allow it: ``vlrft.models.packing.shared_forward_applies``). A mixture-of-experts policy's
+    router loss is taken on either path (over the response tokens of each forward). A dense policy with
+    ``algorithm.router_aux_coef`` > 0: ConfigError."""
+    router_aux_coef(module, a.router_aux_coef)
     return shared and shared_forward_applies(module, mb)
 
 
 def _router_terms(
-    module: torch.nn.Module, calls: list[RouterCall], mb: dict[str, torch.Tensor]
+    module: torch.nn.Module, calls: list[RouterCall], token_masks: list[torch.Tensor]
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """The load-balancing loss (``vlrft.models.moe.load_balancing_loss``) and the expert-load metrics of the plain
-    forward's router ``calls`` over the response tokens (the tokens of ``response_mask``, at their own positions of
-    the rows ``[prompt | response | pad]``): ``moe/aux_loss``, ``moe/expert_load_entropy``, ``moe/max_expert_share``
-    (means over the MoE layers)."""
-    rows, width = mb["input_ids"].shape
+    """The load-balancing loss (``vlrft.models.moe.load_balancing_loss``) and the expert-load metrics of the router
+    ``calls`` of the forwards that computed a micro-batch's logits, over its response tokens: ``token_masks`` holds,
+    per forward in call order, the ``[rows, positions]`` mask of its response tokens (``experience.response_logits``:
+    one plain or packed forward, or the cached path's prompts and continuation; each response token is in exactly
+    one), and each forward made one router call per MoE layer, in layer order. ``moe/aux_loss``,
+    ``moe/expert_load_entropy``, ``moe/max_expert_share`` (means over the MoE layers)."""
     if not calls:
         raise ValueError(f"{type(module).__name__}: its config names experts, but no sparse MoE block routed a token")
-    if any(c.shape != (rows, width) for c in calls):
+    layers = len({c.layer for c in calls})
+    shapes = [tuple(m.shape) for m in token_masks for _ in range(layers)]
+    if len(calls) != len(shapes) or any(c.shape != s for c, s in zip(calls, shapes, strict=True)):
         raise ValueError(
-            f"router calls of shapes {sorted({c.shape for c in calls})}, not the forward's {(rows, width)}"
+            f"router calls of shapes {[c.shape for c in calls]}, not the forwards' {shapes} ({layers} MoE layers)"
         )
-    mask = mb["response_mask"]
-    pos = mb["prompt_lengths"][:, None] + torch.arange(mask.shape[1])[None]  # [N, R]
-    tokens = torch.zeros(rows, width + mask.shape[1], dtype=torch.float32)
-    tokens.scatter_(1, pos, mask.float())
-    tokens = tokens[:, :width].reshape(-1)  # [N * width]
-    num_experts = calls[0].logits.shape[-1]
-    dev = calls[0].logits.device
-    aux = load_balancing_loss([c.logits for c in calls], [c.experts for c in calls], num_experts, tokens.to(dev))
-    load = torch.stack([expert_load(c.experts, num_experts, tokens) for c in calls])
+    tokens = torch.cat([m.reshape(-1) for m in token_masks])  # the forwards' tokens, in call order
+    per_layer = [[c for c in calls if c.layer == layer] for layer in sorted({c.layer for c in calls})]
+    logits = [torch.cat([c.logits for c in cs]) for cs in per_layer]  # [tokens of all forwards, E] per layer
+    experts = [torch.cat([c.experts for c in cs]) for cs in per_layer]
+    num_experts = logits[0].shape[-1]
+    aux = load_balancing_loss(logits, experts, num_experts, tokens.to(logits[0].device))
+    load = torch.stack([expert_load(e, num_experts, tokens) for e in experts])
     return aux, {
         "moe/aux_loss": float(aux.detach()),
         "moe/expert_load_entropy": float(expert_load_entropy(load)),
