@@ -270,7 +270,7 @@ def shared_prompt_logits(
 ) -> torch.Tensor:
     """The logits ``[N, R, V]`` that predict each sample's response tokens, from one packed row per prompt
     (only the logits from the first response-predicting position on are computed). ``token_masks``: as in
-    ``experience.response_logits``, the packed rows' response positions."""
+    ``experience.response_logits``, the packed rows' response positions (their ``response_mask``)."""
     packed = pack_groups(model, batch, width, device)
     if token_masks is not None:
         rows = packed.inputs["input_ids"].shape
