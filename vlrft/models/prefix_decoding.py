@@ -17,8 +17,9 @@ import torch
 from transformers.cache_utils import DynamicLayer, LinearAttentionLayer
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-# the name of a causal LM's cache, as a forward's keyword and its output's field (transformers renamed
-# ``past_key_values`` to ``cache``)
+# the name of a causal LM's cache, as a forward's keyword and its output's field: later transformers 5 releases
+# renamed ``past_key_values`` to ``cache``; the old name still works there but warns on every call (a FutureWarning
+# and a log line), so the cache goes by the name it has
 CACHE = "cache" if "cache" in {f.name for f in dataclasses.fields(CausalLMOutputWithPast)} else "past_key_values"
 
 

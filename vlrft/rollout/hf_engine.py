@@ -39,9 +39,6 @@ from vlrft.rollout.base import Rollout, SamplingParams, vision_token_ids
 from vlrft.rollout.keyed import gumbel_max, row_keys
 from vlrft.rollout.static_cache import StaticCaches
 
-# later transformers 5 releases renamed the KV cache from past_key_values to cache; the old name still works there but
-# warns on every generate call (a FutureWarning and a log line), so the cache goes by the name it has
-
 
 class HFRolloutEngine:
     """Generates with the module it is given (no weights of its own: :meth:`update_weights` reads nothing)."""
