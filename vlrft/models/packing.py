@@ -311,7 +311,8 @@ def cached_prompt_logits(
     for i, p in enumerate(prompt_index):
         firsts.setdefault(p, i)
     rows = list(firsts.values())  # the first sample of each prompt: its prompt's row
-    row_of = torch.tensor([rows.index(firsts[p]) for p in prompt_index], device=device)
+    row_list = [rows.index(firsts[p]) for p in prompt_index]  # each sample's prompt row
+    row_of = torch.tensor(row_list, device=device)
     longest = max(prompt_len[s] for s in rows)
     ids = torch.zeros((len(rows), longest), dtype=torch.long)
     types = torch.zeros_like(ids)
@@ -356,7 +357,7 @@ def cached_prompt_logits(
         lp, li = prompt_len[i], min(resp_len[i], r)
         cont[i, :li] = batch["input_ids"][i, lp : lp + li]
         cont_mask[i, :li] = 1
-        cont_pos[i] = starts[rows.index(firsts[prompt_index[i]])] + torch.arange(r)
+        cont_pos[i] = starts[row_list[i]] + torch.arange(r)
     attention = torch.cat([mask.to(device)[row_of], cont_mask.to(device)], dim=1)
     pos = cont_pos.to(device)
     rest = model(
