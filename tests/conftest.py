@@ -220,22 +220,6 @@ def tool_policy(tmp_path_factory) -> Path:
     """A tiny Qwen2.5-VL (with Qwen's tool tokens) that calls the zoom tool: ``train-sft`` of 60 steps on the
     tool demonstrations of synthetic:mark_color (configs/sft/zoom_tools.yaml), enough for the call's format (which
     region it zooms into and the colour it names are still guesses). Built once per session (about 30 s)."""
-    from vlrft.cli import main
+    from tool_runs import tool_sft
 
-    out = tmp_path_factory.mktemp("tool-policy") / "sft"
-    args = [
-        "train-sft",
-        str(REPO / "configs" / "sft" / "zoom_tools.yaml"),
-        f"train.output_dir={out}",
-        "train.max_steps=60",
-        "optim.lr=3e-3",  # the config's 1e-3 after 50 warm-up steps is for its 400 steps; 60 at 3e-3 learn the format
-        "optim.warmup_steps=0",
-        "train.eval_every=0",
-        "data.synthetic_train_size=256",
-        "data.eval_source=",
-        "logging.wandb=disabled",
-        "logging.progress_bar=false",
-        "logging.tensorboard=false",
-    ]
-    assert main(args) == 0
-    return out / "final"
+    return tool_sft(tmp_path_factory.mktemp("tool-policy") / "sft")

@@ -140,8 +140,20 @@ def test_a_student_distilled_from_itself_gets_no_signal(tiny_model, tmp_path):
 
 
 # -- the learning proof ----------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def colour_teacher(tmp_path_factory) -> Path:
+    """The teacher of the learning proofs: train-sft's embedded colour demo with the answers as the policy's strict
+    verifier wants them (" red"), held-out 1.0. Built once for both (they share an xdist group, so one worker)."""
+    out = tmp_path_factory.mktemp("teacher")
+    assert main(["train-sft", f"train.output_dir={out}", "data.response_template= {answer}", *QUIET]) == 0
+    return out / "final"
+
+
 @pytest.mark.slow
-def test_a_random_student_and_a_half_size_one_learn_the_colour_task_from_an_sft_teacher(tiny_model, tmp_path):
+@pytest.mark.xdist_group("distillation")
+def test_a_random_student_and_a_half_size_one_learn_the_colour_task_from_an_sft_teacher(
+    tiny_model, tmp_path, colour_teacher
+):
     """The teacher: train-sft's embedded colour demo with the answers as the policy's strict verifier wants them
     (" red"), held-out 1.0. The students: the embedded policy demo's random tiny Qwen2.5-VL, and one of half its hidden
     size; OPD (configs/policy/opd.yaml) at 64 prompts x 8 samples, constant lr 5e-3. Measured (docs/distillation.md):
@@ -153,13 +165,11 @@ def test_a_random_student_and_a_half_size_one_learn_the_colour_task_from_an_sft_
     from vlrft.trainer.config import PolicyTrainConfig
     from vlrft.trainer.run import train_policy
 
-    teacher = tmp_path / "teacher"
-    assert main(["train-sft", f"train.output_dir={teacher}", "data.response_template= {answer}", *QUIET]) == 0
     recipe = Path(__file__).resolve().parents[1] / "configs" / "policy" / "opd.yaml"
     for name, student, steps in (("same-size", None, 90), ("half-size", tiny_model("qwen2_5_vl", hidden=32), 130)):
         out = tmp_path / name
         overrides = [
-            f"teacher.path={teacher / 'final'}",
+            f"teacher.path={colour_teacher}",
             f"train.output_dir={out}",
             "rollout.rollout_batch_size=64",
             "rollout.n_samples_per_prompt=8",
@@ -330,7 +340,10 @@ def test_a_student_distilled_from_itself_over_the_vocabulary_gets_no_signal(tiny
 
 
 @pytest.mark.slow
-def test_a_random_student_learns_the_colour_task_over_the_vocabulary_in_a_third_of_grpos_steps(tmp_path):
+@pytest.mark.xdist_group("distillation")
+def test_a_random_student_learns_the_colour_task_over_the_vocabulary_in_a_third_of_grpos_steps(
+    tmp_path, colour_teacher
+):
     """The teacher of the learning proof above; the embedded demo's random student; 64 prompts x 8 samples, constant
     lr 5e-3, from the same start: OPD with ``teacher.per_token: vocabulary`` (configs/policy/opd.yaml's settings
     otherwise) and GRPO with the strict verifier (the demo's). Measured (docs/distillation.md, evaluated every 2 and 5
@@ -342,8 +355,6 @@ def test_a_random_student_learns_the_colour_task_over_the_vocabulary_in_a_third_
     from vlrft.trainer.config import PolicyTrainConfig
     from vlrft.trainer.run import train_policy
 
-    teacher = tmp_path / "teacher"
-    assert main(["train-sft", f"train.output_dir={teacher}", "data.response_template= {answer}", *QUIET]) == 0
     recipe = Path(__file__).resolve().parents[1] / "configs" / "policy" / "opd.yaml"
     same = ["rollout.rollout_batch_size=64", "rollout.n_samples_per_prompt=8", "optim.lr=5e-3"]
     same += ["optim.lr_scheduler=constant", *QUIET]
@@ -356,7 +367,7 @@ def test_a_random_student_learns_the_colour_task_over_the_vocabulary_in_a_third_
         rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
         return rows, {r["step"]: r["eval/accuracy"] for r in rows if "eval/accuracy" in r}
 
-    opd = [f"teacher.path={teacher / 'final'}", "teacher.per_token=vocabulary"]
+    opd = [f"teacher.path={colour_teacher}", "teacher.per_token=vocabulary"]
     rows, evals = run("opd", [DEMO_CONFIG, recipe], 30, 2, *opd)
     kl = [r["distill/vocabulary_reverse_kl"] for r in rows if "distill/vocabulary_reverse_kl" in r]
     _, grpo = run("grpo", [DEMO_CONFIG], 45, 5)

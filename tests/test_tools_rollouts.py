@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tool_runs import two_tool_steps
 
 from data_pipelines.chat import ChatRecord, encode_chat
 from data_pipelines.collate import encode_prompt, processor_image_kwargs
@@ -203,21 +204,7 @@ def test_tools_that_cannot_load_are_one_line_before_the_run(hostile, tmp_path, c
 
 def test_train_policy_trains_on_trajectories(policy, tool_policy, tmp_path):
     out = tmp_path / "rl"
-    args = [
-        "train-policy",
-        str(Path(__file__).resolve().parents[1] / "configs" / "policy" / "zoom_tools.yaml"),
-        f"model.path={tool_policy}",
-        "train.max_steps=2",
-        "train.eval_every=2",
-        "rollout.rollout_batch_size=2",
-        "rollout.n_samples_per_prompt=4",
-        "data.synthetic_train_size=8",
-        "data.synthetic_eval_size=4",
-        f"train.output_dir={out}",
-        *QUIET,
-    ]
-    assert main(args) == 0
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = two_tool_steps(tool_policy, out, "train.eval_every=2")
     steps = [r for r in rows if "tools/calls" in r and "reward/combined" in r]
     # sampled at temperature 1, most trajectories zoom once; each zoom returns one image
     assert len(steps) == 2 and all(r["tools/images"] == r["tools/calls/zoom"] >= 0.5 for r in steps), steps
