@@ -9,6 +9,8 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
+
 from data_pipelines.readers import read_records
 from vlrft.cli import main
 from vlrft.models.loading import load_processor
@@ -202,6 +204,72 @@ def test_a_text_only_reward_model_given_image_records_is_one_line_before_anythin
         "(model.tiny_arch=qwen2) is text-only"
     )
     assert not out.exists()
+
+
+def test_a_text_only_policy_sft_or_dpo_model_on_a_synthetic_task_is_one_line_before_anything_loads(
+    tiny_model, tmp_path, capsys
+):
+    """The reward model's rule above for the other trainers: ``train-policy`` of a text-only model on its embedded
+    demo (the synthetic colour task, images) was a ``ValueError`` traceback from the prompt-length filter after the
+    run folder and the model were made; ``train-sft`` and ``train-dpo`` likewise."""
+    text = tiny_model("qwen2")
+    capsys.readouterr()  # (the tiny model's build)
+    for command in ("train-policy", "train-sft", "train-dpo"):
+        out = tmp_path / command
+        assert main([command, f"model.path={text}", f"train.output_dir={out}"]) == 2, command
+        assert capsys.readouterr().err == (
+            f"vlrft {command}: config error: data.train_source=synthetic:color: synthetic records carry images, but "
+            f"the model (model.path={text}) is text-only; use a vision-language model (e.g. "
+            "model.tiny_arch=qwen2_5_vl) or text records of your own\n"
+        ), command
+        assert not out.exists()
+
+
+def _llama_folder(tiny_model, tmp_path) -> Path:
+    """A real model folder of an architecture vlrft does not train: a tiny random Llama with the tiny tokenizer."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    folder = tmp_path / "llama"
+    text = tiny_model("qwen2")
+    sizes = dict(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2
+    )
+    LlamaForCausalLM(LlamaConfig(vocab_size=1024, **sizes)).save_pretrained(folder)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(text / name, folder / name)
+    return folder
+
+
+def test_a_model_of_an_architecture_vlrft_does_not_train_is_one_line_naming_it_and_those_it_does(
+    tiny_model, tmp_path, capsys, monkeypatch
+):
+    """Issue 60, bad input: a model folder of another architecture (here a real tiny Llama) given to each trainer is
+    one line naming its ``model_type`` and the architectures vlrft trains, before the run folder (it used to be a
+    traceback from the data, or a run of paths never proven on it). A hub id not at hand is read when it loads:
+    ``load_model(..., trains=KEY)`` says the same before any weight loads. An architecture vlrft trains that the
+    installed transformers lacks names the transformers to get."""
+    from vlrft.archs import ARCHS
+    from vlrft.config import ConfigError
+    from vlrft.models import loading
+
+    llama = _llama_folder(tiny_model, tmp_path)
+    capsys.readouterr()  # (save_pretrained's progress)
+    line = (
+        f"model.path={llama}: architecture 'llama' (config.json's model_type) is not one vlrft trains; it trains "
+        f"{', '.join(ARCHS)}"
+    )
+    for command in ("train-policy", "train-sft", "train-dpo", "train-reward-model"):
+        out = tmp_path / command
+        assert main([command, f"model.path={llama}", f"train.output_dir={out}"]) == 2, command
+        # the last line (train-reward-model's default learning rate is a real model's: its warning comes first)
+        assert _last_line(capsys) == f"vlrft {command}: config error: {line}", command
+        assert not out.exists()
+    with pytest.raises(ConfigError) as caught:
+        loading.load_model(llama, trains="model.path")
+    assert str(caught.value) == line
+    monkeypatch.setattr(loading, "ARCHS", tuple(a for a in ARCHS if a != "qwen2_5_vl"))
+    with pytest.raises(ConfigError, match=r"^model.path=m: architecture 'qwen2_5_vl' needs a newer transformers than"):
+        loading.check_trainable("qwen2_5_vl", "model.path=m")
 
 
 def test_a_stale_deepspeed_build_lock_is_one_line_not_a_silent_wait(tiny_model, tmp_path, capsys, monkeypatch):

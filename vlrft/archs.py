@@ -11,9 +11,9 @@ def _has_transformers_model(name: str) -> bool:
     return any((Path(p) / "models" / name / "__init__.py").is_file() for p in (spec.submodule_search_locations or ()))
 
 
-# Qwen3-VL (dense and mixture-of-experts) and Qwen3.5 (hybrid linear attention; dense and mixture-of-experts) where
-# the installed transformers has them
-ARCHS = ("qwen2_vl", "qwen2_5_vl", "qwen2") + tuple(
-    a for a in ("qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe") if _has_transformers_model(a)
-)
+# the architectures (config.json's model_type) vlrft trains, each proven by the tests on a tiny model of it; ARCHS:
+# those the installed transformers has (Qwen3-VL, dense and mixture-of-experts, and Qwen3.5, hybrid linear attention,
+# dense and mixture-of-experts, came in later releases)
+KNOWN_ARCHS = ("qwen2_vl", "qwen2_5_vl", "qwen2", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe")
+ARCHS = KNOWN_ARCHS[:3] + tuple(a for a in KNOWN_ARCHS[3:] if _has_transformers_model(a))
 VL_ARCHS = tuple(a for a in ARCHS if a != "qwen2")

@@ -31,7 +31,7 @@ from transformers import (
 )
 
 from data_pipelines.sources import FILE_FORMATS
-from vlrft.archs import ARCHS
+from vlrft.archs import ARCHS, KNOWN_ARCHS
 from vlrft.config import ConfigError, option
 from vlrft.errors import ModelFolderError
 from vlrft.models import processing
@@ -134,6 +134,38 @@ def check_model_folder(path: str, key: str) -> dict[str, Any] | None:
     return config
 
 
+def check_trainable(model_type: Any, where: str) -> None:
+    """The model of a training run (policy, critic, SFT, DPO, reward model) is of an architecture vlrft trains: its
+    ``config.json``'s ``model_type`` one of :data:`vlrft.archs.ARCHS`. Anything else is one line naming it and them
+    (``where``: the config key and value), before the run: the group-shared forward, the vision inputs and the
+    decoding cache are built and proven for those (docs/tiny-models.md)."""
+    if model_type in ARCHS:
+        return
+    trains = ", ".join(ARCHS)
+    if model_type in KNOWN_ARCHS:
+        import transformers
+
+        raise ConfigError(
+            f"{where}: architecture {model_type!r} needs a newer transformers than the installed "
+            f"{transformers.__version__} (5.24 has it); with this one vlrft trains {trains}"
+        )
+    raise ConfigError(
+        f"{where}: architecture {model_type!r} (config.json's model_type) is not one vlrft trains; it trains {trains}"
+    )
+
+
+def folder_config(path: str, key: str) -> dict[str, Any] | None:
+    """:func:`check_model_folder`'s ``config.json`` of ``path``, or a hub id's from the local cache; ``None`` for a
+    hub id not at hand (read when it loads)."""
+    config = check_model_folder(path, key)
+    if config is None and _cached(path):
+        try:
+            config = json.loads(Path(try_to_load_from_cache(path, "config.json")).read_text())
+        except (OSError, ValueError):
+            return None
+    return config
+
+
 @dataclass
 class ModelConfig:
     """The model section of every trainer: the model to start from."""
@@ -190,9 +222,11 @@ def weights_problem(folder: str | Path) -> str | None:
     return None
 
 
-def _config(path: str | Path, trust_remote_code: bool) -> tuple[str, bool]:
+def _config(path: str | Path, trust_remote_code: bool, trains: str | None = None) -> tuple[str, bool]:
     name = resolve_model_path(path)
     config = AutoConfig.from_pretrained(name, trust_remote_code=trust_remote_code)
+    if trains is not None:
+        check_trainable(config.model_type, f"{trains}={path}")
     return name, getattr(config, "vision_config", None) is not None
 
 
@@ -235,10 +269,13 @@ def load_model(
     trust_remote_code: bool = False,
     lm_head: bool = True,
     processor: bool = True,
+    trains: str | None = None,
 ) -> tuple[torch.nn.Module, Any]:
-    """``(model, processor)`` of a model folder (see the module doc); the model on ``device`` if given."""
+    """``(model, processor)`` of a model folder (see the module doc); the model on ``device`` if given. ``trains``:
+    the config key the path came from, for a model a run trains (:func:`check_trainable`, before any weight loads:
+    a hub id the preflight could not read)."""
 
-    name, vl = _config(path, trust_remote_code)
+    name, vl = _config(path, trust_remote_code, trains)
     why = weights_problem(name) if Path(name).is_dir() else None  # before transformers reads a cut-off file
     if why is not None:
         raise ModelFolderError(f"{path}: {why}; copy the model again or export it again")

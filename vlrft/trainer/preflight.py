@@ -34,7 +34,14 @@ from reward_models.kinds import SOURCE_KINDS, check_source
 from reward_models.pool import RewardPoolConfig
 from vlrft.archs import VL_ARCHS
 from vlrft.config import ConfigError
-from vlrft.models.loading import PROCESSOR_FILES, TOKENIZER_FILES, check_model_folder, path_like  # noqa: F401
+from vlrft.models.loading import (  # noqa: F401
+    PROCESSOR_FILES,
+    TOKENIZER_FILES,
+    check_model_folder,
+    check_trainable,
+    folder_config,
+    path_like,
+)
 from vlrft.run_folder import check_output_dir
 from vlrft.tools import check_tools
 from vlrft.trainer.config import PolicyTrainConfig
@@ -142,6 +149,27 @@ def images_check(vision: bool, model_key: str) -> Callable[[Any], None]:
                 )
 
     return check
+
+
+def check_trainable_model(model: Any, key: str = "model.path") -> None:
+    """The model a run trains (its folder's, or a cached hub id's, ``config.json``) is of an architecture vlrft
+    trains (:func:`vlrft.models.loading.check_trainable`); the tiny model built without a path always is, and a hub
+    id not at hand is checked when it loads."""
+    config = folder_config(model.path, key) if model.path else None
+    if config is not None:
+        check_trainable(config.get("model_type"), f"{key}={model.path}")
+
+
+def check_synthetic_images(data: Any, vision: bool, model: str) -> None:
+    """Synthetic records carry images (every ``synthetic:`` task is visual): a text-only model (``model``: how errors
+    name it) is refused for them in one line, naming the source, before anything loads."""
+    for key in ("train_source", "eval_source"):
+        source = getattr(data, key)
+        if source and synthetic_task(source) is not None and not vision:
+            raise ConfigError(
+                f"data.{key}={source}: synthetic records carry images, but the model ({model}) is text-only; "
+                "use a vision-language model (e.g. model.tiny_arch=qwen2_5_vl) or text records of your own"
+            )
 
 
 def sees_images(model: Any) -> bool:
@@ -259,7 +287,9 @@ def preflight_policy(cfg: PolicyTrainConfig, world: int | None = None) -> dict[s
     check_output_dir(cfg.train.output_dir, "train.output_dir", final="final")
     check_tools(cfg.tools)
     check_synthetic(cfg.data, JUDGMENT_OPTIONS if cfg.data.record_kind == "judgment" else ())
+    check_trainable_model(cfg.model)
     vision = sees_images(cfg.model)
+    check_synthetic_images(cfg.data, vision, model_key(cfg))
     if cfg.critic.path and cfg.algorithm.estimator.critic and not Path(cfg.critic.path).exists():
         if path_like(cfg.critic.path):
             raise ConfigError(f"critic.path={cfg.critic.path}: no such folder")
@@ -316,12 +346,12 @@ def preflight_supervised(cfg: Any) -> dict[str, SkipReport]:
     pairs are read here, images not decoded)."""
     check_template(cfg.data.prompt_template, "data.prompt_template")
     check_output_dir(cfg.train.output_dir, "train.output_dir", final="final")
-    if cfg.model.path:
-        check_model_folder(cfg.model.path, "model.path")
+    check_trainable_model(cfg.model)
     dpo = hasattr(cfg, "dpo")
     if not dpo:
         check_tools(cfg.tools)
     check_synthetic(cfg.data)
+    check_synthetic_images(cfg.data, sees_images(cfg.model), model_key(cfg))
     reports = {}
     for key, source, kind in (
         ("data.train_source", cfg.data.train_source, "preference" if dpo else None),
@@ -383,16 +413,13 @@ def _refuse(check: Callable[[Any], None], fields: tuple[str, ...], why: str) -> 
 def preflight_reward_model(cfg: RewardModelTrainConfig) -> dict[str, SkipReport]:
     """Every check of ``vlrft train-reward-model`` that needs no model: model folder, data, output folder."""
     check_output_dir(cfg.train.output_dir, "train.output_dir", final="final")
+    check_trainable_model(cfg.model)
     vision = sees_images(cfg.model)
     kind = "preference" if cfg.model.kind == "srm" else "judgment"
     check_synthetic(cfg.data, ("response_template",) if kind == "preference" else JUDGMENT_OPTIONS)
+    check_synthetic_images(cfg.data, vision, model_key(cfg))
     reports = {}
     for key, source in (("data.train_source", cfg.data.train_source), ("data.eval_source", cfg.data.eval_source)):
-        if source and synthetic_task(source) is not None and not vision:
-            raise ConfigError(
-                f"{key}={source}: synthetic records carry images, but the model ({model_key(cfg)}) is text-only; "
-                "use a vision-language model (e.g. model.tiny_arch=qwen2_5_vl) or text records of your own"
-            )
         if source and synthetic_task(source) is None:
             reports[key] = check_data_source(
                 source, key, kind, cfg.data.on_bad_record, images_check(vision, model_key(cfg))

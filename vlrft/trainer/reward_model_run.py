@@ -200,7 +200,7 @@ def evaluate(model: Any, processor: Any, records: list, cfg: RewardModelTrainCon
 def build_model(cfg: RewardModelTrainConfig, path: str) -> tuple[torch.nn.Module, Any]:
     """The model to train (from ``path``) and its processor (tokenizer for text-only checkpoints)."""
     grm = cfg.model.kind == "grm"
-    model, processor = load_model(path, cfg.model.dtype, lm_head=grm)  # an SRM takes the base model
+    model, processor = load_model(path, cfg.model.dtype, lm_head=grm, trains="model.path")  # an SRM: the base model
     if grm:
         return model, processor
     return ScalarRewardModel(model, cfg.model.pooling, seed=cfg.strategy.seed), processor

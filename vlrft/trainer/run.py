@@ -172,7 +172,7 @@ def serve_rollouts(cfg: PolicyTrainConfig, placement: Placement) -> dict[str, An
 def _train_policy(cfg: PolicyTrainConfig, run: Run, placement: Placement | None = None) -> dict[str, Any]:
     strategy = run.strategy
     path = run.initial_model(tool_tokens=cfg.tools.enabled)
-    model, processor = load_model(path, cfg.model.dtype)
+    model, processor = load_model(path, cfg.model.dtype, trains="model.path")
     use_video_settings(processor, **video_settings(cfg.data))
     tools = ToolBox(cfg.tools, processor_image_kwargs(processor)) if cfg.tools.enabled else None
     ref_model = teacher = None

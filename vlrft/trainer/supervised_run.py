@@ -398,7 +398,9 @@ def train_sft(cfg: SFTTrainConfig) -> dict[str, Any]:
 
 def _train_sft(cfg: SFTTrainConfig, run: Run) -> dict[str, Any]:
     strategy = run.strategy
-    model, processor = load_model(run.initial_model(tool_tokens=cfg.tools.enabled), cfg.model.dtype)
+    model, processor = load_model(
+        run.initial_model(tool_tokens=cfg.tools.enabled), cfg.model.dtype, trains="model.path"
+    )
     use_video_settings(processor, **video_settings(cfg.data))
     tools = ToolBox(cfg.tools, processor_image_kwargs(processor)) if cfg.tools.enabled else None
     try:
@@ -432,7 +434,7 @@ def train_dpo(cfg: DPOTrainConfig) -> dict[str, Any]:
 def _train_dpo(cfg: DPOTrainConfig, run: Run) -> dict[str, Any]:
     strategy = run.strategy
     path = run.initial_model()
-    model, processor = load_model(path, cfg.model.dtype)
+    model, processor = load_model(path, cfg.model.dtype, trains="model.path")
     use_video_settings(processor, **video_settings(cfg.data))
     d = cfg.data
     train = preference_pairs(d.train_source, d.synthetic_train_size, cfg.train.seed, cfg, processor)
