@@ -288,7 +288,7 @@ def test_a_stale_deepspeed_build_lock_is_one_line_not_a_silent_wait(tiny_model, 
     old = time.time() - STALE_BUILD_LOCK_S - 60
     os.utime(lock, (old, old))
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "ext"))
-    run = [f"model.path={tiny_model('qwen2')}", "data.train_source=synthetic:color", "data.eval_source="]
+    run = [f"model.path={tiny_model('qwen2_5_vl')}", "data.train_source=synthetic:color", "data.eval_source="]
     run += ["strategy.name=deepspeed", "train.max_steps=1", "logging.wandb=disabled"]
     run += [f"train.output_dir={tmp_path / 'r'}"]
     assert main(["train-sft", *run]) == 2

@@ -29,6 +29,7 @@ from transformers import (
     AutoProcessor,
     AutoTokenizer,
 )
+from transformers import __version__ as TRANSFORMERS_VERSION
 
 from data_pipelines.sources import FILE_FORMATS
 from vlrft.archs import ARCHS, KNOWN_ARCHS
@@ -143,11 +144,9 @@ def check_trainable(model_type: Any, where: str) -> None:
         return
     trains = ", ".join(ARCHS)
     if model_type in KNOWN_ARCHS:
-        import transformers
-
         raise ConfigError(
             f"{where}: architecture {model_type!r} needs a newer transformers than the installed "
-            f"{transformers.__version__} (5.24 has it); with this one vlrft trains {trains}"
+            f"{TRANSFORMERS_VERSION} (5.24 has it); with this one vlrft trains {trains}"
         )
     raise ConfigError(
         f"{where}: architecture {model_type!r} (config.json's model_type) is not one vlrft trains; it trains {trains}"
