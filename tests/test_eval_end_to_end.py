@@ -216,14 +216,14 @@ def test_prompt_records_with_relative_images(tiny_model, shared_data, tmp_path):
     assert out["num_problems"] == 1 and isinstance(records[0], PromptRecord)
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "qwen2_5_vl"])
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3", "qwen2_5_vl"])
 def test_evaluate_through_the_trainers_rollout_engine(arch, tiny_model, shared_data, tmp_path):
     from vlrft.rollout import make_engine
 
     model, processor = load_model(tiny_model(arch))
     name, data, split = (
         ("gsm8k", shared_data / "gsm8k" / "test.jsonl", "test")
-        if arch == "qwen2"
+        if arch in ("qwen2", "qwen3")
         else ("geo3k", shared_data / "geo3k_examples", "train")
     )
     records = get_benchmark(name).load(data, split=split)[:4]

@@ -13,6 +13,7 @@ from updates import loss_gradients
 from data_pipelines.collate import collate_sequences, encode_prompt
 from data_pipelines.records import PromptRecord
 from reward_models.scalar import ScalarRewardModel
+from vlrft.archs import TEXT_ARCHS
 from vlrft.models.attention_functions import VARLEN_SDPA
 from vlrft.models.loading import load_model, load_processor
 from vlrft.models.packed_attention import _explicit_scores
@@ -71,11 +72,11 @@ def _both(model, batch, ids, **kw):
     return shared, plain
 
 
-@pytest.mark.parametrize("arch", ["qwen2_5_vl", "qwen2_vl", "qwen3_vl", "qwen2"])
+@pytest.mark.parametrize("arch", ["qwen2_5_vl", "qwen2_vl", "qwen3_vl", "qwen2", "qwen3"])
 def test_shared_logprobs_and_entropies_equal_unshared(arch, tiny_model):
     model, proc = load_model(tiny_model(arch), torch.float32)
     model.eval()
-    recs = _records(with_images=arch != "qwen2")
+    recs = _records(with_images=arch not in TEXT_ARCHS)
     sizes = [3, 1, 16, 2][: len(recs)]
     batch, ids, mask = _batch(proc, recs, sizes)
     with torch.no_grad():
@@ -89,15 +90,19 @@ def test_shared_logprobs_and_entropies_equal_unshared(arch, tiny_model):
     assert lp_s.shape == ids.shape and torch.isfinite(lp_s[m]).all()
 
 
-def test_gradients_equal_unshared_for_every_parameter(tiny_model):
-    """The policy loss's gradient wrt every parameter, vision tower included, within 1e-5 relative."""
-    model, proc = load_model(tiny_model("qwen2_5_vl"), torch.float32)
+@pytest.mark.parametrize("arch", ["qwen2_5_vl", "qwen3"])
+def test_gradients_equal_unshared_for_every_parameter(arch, tiny_model):
+    """The policy loss's gradient wrt every parameter, vision tower included, within 1e-5 relative (text Qwen3:
+    its q/k norms too)."""
+    model, proc = load_model(tiny_model(arch), torch.float32)
     model.train()
-    batch, ids, mask = _batch(proc, _records(True), [2, 3, 5, 1], seed=1)
+    vision = arch not in TEXT_ARCHS
+    recs = _records(vision)
+    batch, ids, mask = _batch(proc, recs, [2, 3, 5, 1][: len(recs)], seed=1)
     adv = torch.randn(ids.shape[0], 1).expand_as(ids)
 
     gs, gp = (loss_gradients(model, batch, ids, mask, adv, shared=x, entropy_coef=0.01) for x in (True, False))
-    assert set(gs) == set(gp) and any(k.startswith("model.visual") for k in gs)
+    assert set(gs) == set(gp) and any(k.startswith("model.visual") for k in gs) == vision
     worst = max(((gs[k] - gp[k]).norm() / gp[k].norm().clamp_min(1e-12)).item() for k in gp if gp[k].norm() > 0)
     print(f"{len(gp)} parameters, worst relative gradient difference {worst:.2e}")
     # gradients are sums of those (float32-rounded) per-token terms over the batch: the same ~1e-6 relative
@@ -176,13 +181,13 @@ def test_critic_values_equal_unshared(tiny_model):
     assert_within((shared - plain)[mask.bool()].abs().max(), FORWARD_BOUND, "shared vs plain critic values")
 
 
-@pytest.mark.parametrize("arch", ["qwen2_5_vl", "qwen3_vl", "qwen2"])
+@pytest.mark.parametrize("arch", ["qwen2_5_vl", "qwen3_vl", "qwen2", "qwen3"])
 def test_engine_prefills_each_prompt_once_and_samples_as_the_plain_path(arch, tiny_model):
     """The hf engine's ``prefill_once`` (one prefill per prompt, its KV cache held once for the n samples:
     SharedPrefixLayer, attended by packed_sdpa) gives the plain repeated-prompt path's tokens, greedy and seeded
     sampling alike; the vision tower encodes each prompt's images once."""
     model, proc = load_model(tiny_model(arch), torch.float32)
-    recs = _records(with_images=arch != "qwen2")
+    recs = _records(with_images=arch not in TEXT_ARCHS)
     prompts = [encode_prompt(proc, r) for r in recs]
     engine = make_engine("hf", model, proc)
     assert engine.prefill_once

@@ -14,6 +14,7 @@ def _has_transformers_model(name: str) -> bool:
 # the architectures (config.json's model_type) vlrft trains, each proven by the tests on a tiny model of it; ARCHS:
 # those the installed transformers has (Qwen3-VL, dense and mixture-of-experts, and Qwen3.5, hybrid linear attention,
 # dense and mixture-of-experts, came in later releases)
-KNOWN_ARCHS = ("qwen2_vl", "qwen2_5_vl", "qwen2", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe")
-ARCHS = KNOWN_ARCHS[:3] + tuple(a for a in KNOWN_ARCHS[3:] if _has_transformers_model(a))
-VL_ARCHS = tuple(a for a in ARCHS if a != "qwen2")
+KNOWN_ARCHS = ("qwen2_vl", "qwen2_5_vl", "qwen2", "qwen3", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe")
+ARCHS = KNOWN_ARCHS[:4] + tuple(a for a in KNOWN_ARCHS[4:] if _has_transformers_model(a))
+TEXT_ARCHS = ("qwen2", "qwen3")  # text-only Qwen (Qwen2 / Qwen2.5 and Qwen3 language models)
+VL_ARCHS = tuple(a for a in ARCHS if a not in TEXT_ARCHS)

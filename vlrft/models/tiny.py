@@ -26,10 +26,11 @@ from transformers import (
     Qwen2Tokenizer,
     Qwen2VLConfig,
     Qwen2VLImageProcessorPil,
+    Qwen3Config,
 )
 
 from data_pipelines.templates import tools_system_text
-from vlrft.archs import ARCHS
+from vlrft.archs import ARCHS, TEXT_ARCHS
 from vlrft.models.processing import (
     ImageOnlyQwen2_5_VLProcessor,
     ImageOnlyQwen2VLProcessor,
@@ -276,6 +277,8 @@ def build_config(spec: TinySpec, tokenizer: Qwen2Tokenizer):
     vocab = len(tokenizer)
     if spec.arch == "qwen2":
         return Qwen2Config(**_text_kwargs(spec, vocab, ids, mrope=False))
+    if spec.arch == "qwen3":  # Qwen3's q/k norms; its head size is a config value (128 by default), set to the split
+        return Qwen3Config(**_text_kwargs(spec, vocab, ids, mrope=False), head_dim=spec.hidden // spec.heads)
     special = dict(
         image_token_id=ids["<|image_pad|>"],
         video_token_id=ids["<|video_pad|>"],
@@ -393,13 +396,13 @@ def make_tiny_model(out_dir: str | Path, arch: str = "qwen2_5_vl", **sizes) -> P
     config = build_config(spec, tokenizer)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(spec.seed)
-        auto = AutoModelForCausalLM if arch == "qwen2" else AutoModelForImageTextToText
+        auto = AutoModelForCausalLM if arch in TEXT_ARCHS else AutoModelForImageTextToText
         model = auto.from_config(config, dtype=torch.float32)
     model.generation_config.do_sample = False
     model.generation_config.eos_token_id = config.get_text_config().eos_token_id
     model.generation_config.pad_token_id = config.get_text_config().pad_token_id
     model.save_pretrained(out)
-    if arch == "qwen2":
+    if arch in TEXT_ARCHS:
         tokenizer.save_pretrained(out)
     else:
         processor = _PROCESSORS[arch](build_image_processor(arch), tokenizer, chat_template=CHAT_TEMPLATE)
