@@ -136,7 +136,7 @@ def check_model_folder(path: str, key: str) -> dict[str, Any] | None:
 
 
 def check_trainable(model_type: Any, where: str) -> None:
-    """The model of a training run (policy, critic, SFT, DPO, reward model) is of an architecture vlrft trains: its
+    """The model of a training run (policy, SFT, DPO, reward model) is of an architecture vlrft trains: its
     ``config.json``'s ``model_type`` one of :data:`vlrft.archs.ARCHS`. Anything else is one line naming it and them
     (``where``: the config key and value), before the run: the group-shared forward, the vision inputs and the
     decoding cache are built and proven for those (docs/tiny-models.md)."""
