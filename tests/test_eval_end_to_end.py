@@ -17,6 +17,7 @@ import torch
 from data_pipelines.records import PromptRecord
 from eval.benchmarks import get_benchmark
 from eval.runner import evaluate
+from vlrft.archs import TEXT_ARCHS
 from vlrft.cli import main as vlrft_main
 from vlrft.errors import RunFolderError
 from vlrft.models.loading import load_model
@@ -223,7 +224,7 @@ def test_evaluate_through_the_trainers_rollout_engine(arch, tiny_model, shared_d
     model, processor = load_model(tiny_model(arch))
     name, data, split = (
         ("gsm8k", shared_data / "gsm8k" / "test.jsonl", "test")
-        if arch in ("qwen2", "qwen3")
+        if arch in TEXT_ARCHS
         else ("geo3k", shared_data / "geo3k_examples", "train")
     )
     records = get_benchmark(name).load(data, split=split)[:4]

@@ -194,8 +194,8 @@ def test_train_policy_runs_under_torchrun(tiny_model, tmp_path, strategy, stage)
 
 
 NEW_ARCHS = ("qwen3_5", "qwen3_5_moe", "qwen3_vl_moe")
-# the plain per-sample forward, micro-batches of 4 samples: one prompt's group each, on one process and on two ranks
-GROUP_MICRO_BATCHES = ["plain", "0", "even", "train.micro_train_batch_size=4"]
+# micro-batches of 4 samples: one prompt's group each, on one process and on two ranks
+GROUP_MICRO_BATCHES = ["0", "even", "train.micro_train_batch_size=4"]
 
 
 @pytest.fixture(scope="module")
@@ -206,7 +206,7 @@ def single_updates(tiny_model, tmp_path_factory):
     def get(arch: str) -> dict:
         if arch not in done:
             out = tmp_path_factory.mktemp("dist-new") / f"{arch}-single.pt"
-            _run([str(tiny_model(arch)), str(out), "single", "2", *GROUP_MICRO_BATCHES], 1)
+            _run([str(tiny_model(arch)), str(out), "single", "2", "plain", *GROUP_MICRO_BATCHES], 1)
             done[arch] = torch.load(out)
         return done[arch]
 
@@ -238,7 +238,7 @@ def test_new_archs_on_two_ranks_equal_one_process(tiny_model, tmp_path, single_u
         pytest.skip(f"transformers without {arch} (5.24 has it)")
     single = single_updates(arch)
     out = tmp_path / f"{arch}-{strategy}.pt"
-    _run([str(tiny_model(arch)), str(out), strategy, stage, "shared", *GROUP_MICRO_BATCHES[1:]], 2)
+    _run([str(tiny_model(arch)), str(out), strategy, stage, "shared", *GROUP_MICRO_BATCHES], 2)
     got, ref = torch.load(out)["state"], single["state"]
     initial = load_file(str(tiny_model(arch) / "model.safetensors"))
     assert set(got) == set(ref)
