@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from records import COLOURS, say_the_colour
 from reward_servers import vllm_serve
 from teacher_server import CompletionsServer
 
@@ -24,7 +25,7 @@ from vlrft.trainer.teacher import ServedTeacher, Teacher, TeacherConfig, check_s
 
 REPO = Path(__file__).resolve().parents[1]
 QUIET = ["logging.wandb=disabled", "logging.progress_bar=false", "logging.tensorboard=false"]
-WORDS = ["red", "green", "blue", "yellow", "black", "white", "purple", "orange"]
+WORDS = COLOURS
 
 
 def _batch(student, n_prompts: int = 3, per: int = 3, seed: int = 0):
@@ -83,13 +84,6 @@ def test_the_served_teacher_gives_the_in_process_teachers_log_probs_on_the_same_
     assert sorted(sent) == sorted(batch["input_ids"][i, : lengths[i]].tolist() for i in range(len(lengths)))
 
 
-def _records(folder, n: int = 16):
-    path = folder / "colours.jsonl"
-    rows = [{"id": f"c{i}", "prompt": f"Say the colour {WORDS[i % 8]}.", "answer": WORDS[i % 8]} for i in range(n)]
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
-
-
 @pytest.fixture(scope="module")
 def text_teacher(tiny_model, tmp_path_factory):
     """``text_teacher(**sizes)``: a tiny text Qwen2 (seed 1) after 40 SFT steps on the colour records (``" red"``
@@ -103,7 +97,7 @@ def text_teacher(tiny_model, tmp_path_factory):
             args = [
                 "train-sft",
                 f"model.path={tiny_model('qwen2', seed=1, **sizes)}",
-                f"data.train_source={_records(folder)}",
+                f"data.train_source={say_the_colour(folder)}",
             ]
             args += ["data.eval_source=", "data.response_template= {answer}", "train.max_steps=40"]
             assert main([*args, f"train.output_dir={folder / 'sft'}", *QUIET]) == 0
@@ -157,7 +151,7 @@ def test_a_short_opd_run_trains_through_the_served_teacher(tiny_model, text_teac
     out = tmp_path / "run"
     recipe = str(REPO / "configs" / "policy" / "opd.yaml")
     try:
-        args = _run_args(student, server.url, _records(tmp_path), out, *SHORT_RUN)
+        args = _run_args(student, server.url, say_the_colour(tmp_path), out, *SHORT_RUN)
         assert main([args[0], recipe, *args[1:]]) == 0
     finally:
         server.stop()
@@ -178,7 +172,7 @@ def _free_port() -> int:
 
 def test_a_teacher_server_that_is_down_or_serves_otherwise_is_one_line_before_training(tiny_model, tmp_path, capsys):
     student, teacher = tiny_model("qwen2"), tiny_model("qwen2", seed=1)
-    records = _records(tmp_path)
+    records = say_the_colour(tmp_path)
     down = f"http://127.0.0.1:{_free_port()}"
     assert main(_run_args(student, down, records, tmp_path / "a")) == 2
     assert capsys.readouterr().err.splitlines()[-1] == (
@@ -226,7 +220,7 @@ def test_malformed_log_probs_stop_the_run_or_with_fallback_are_counted(tiny_mode
     stops in one line naming the URL, the token and the rule (exit 2, no final model); with it, those samples get no
     distillation term and are counted in ``distill/teacher_failures``, each step warned once."""
     student, teacher = tiny_model("qwen2"), tiny_model("qwen2", seed=1)
-    records = _records(tmp_path)
+    records = say_the_colour(tmp_path)
 
     def mangle(k: int, choice: dict) -> dict:
         if k % 3 == 0:
@@ -291,7 +285,7 @@ def test_the_teacher_behind_vllm_serve_gives_the_in_process_log_probs_and_trains
             got = served.log_probs(batch, response_ids)
             served.close()
             out = tmp_path / "run"
-            args = _run_args(student, url, _records(tmp_path), out, *SHORT_RUN)
+            args = _run_args(student, url, say_the_colour(tmp_path), out, *SHORT_RUN)
             code = main([args[0], str(REPO / "configs" / "policy" / "opd.yaml"), *args[1:]])
         finally:
             os.killpg(proc.pid, signal.SIGTERM)

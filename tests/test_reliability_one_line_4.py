@@ -26,7 +26,7 @@ from vlrft.run_folder import LOCK, RUN_OUTPUTS, run_in_folder
 from vlrft.strategies import StrategyConfig, make_strategy
 from vlrft.summary import write_summary
 from vlrft.trainer.config import PolicyTrainConfig
-from vlrft.trainer.preflight import DEMOS, learning_rate_warning
+from vlrft.trainer.preflight import DEMOS, learning_rate_warning, start_warnings
 from vlrft.trainer.supervised_config import DPOTrainConfig, SFTTrainConfig
 
 REPO = Path(__file__).resolve().parents[1]
@@ -300,8 +300,9 @@ def test_a_tiny_model_at_a_real_models_learning_rate_is_one_warning_at_start(tmp
 )
 def test_the_demos_and_a_wide_enough_model_get_no_learning_rate_warning(command, schema, tiny_model):
     """The embedded demos (tiny models at 2e-3 .. 3e-3; train-reward-model's ready srm_color.yaml at 1e-3) say
-    nothing; a model folder 256 wide (the rule's bound) at 1e-6 neither; a 64-wide one at 1e-6 does."""
-    assert learning_rate_warning(load_config(schema, DEMOS[command], []), command) is None
+    nothing, of their learning rate or anything else they start with; a model folder 256 wide (the rule's bound) at
+    1e-6 neither; a 64-wide one at 1e-6 does."""
+    assert start_warnings(load_config(schema, DEMOS[command], []), command) == []
     wide = tiny_model("qwen2", hidden=256)
     assert (
         learning_rate_warning(load_config(schema, DEMOS[command], [f"model.path={wide}", "optim.lr=1e-6"]), command)
@@ -314,6 +315,42 @@ def test_the_demos_and_a_wide_enough_model_get_no_learning_rate_warning(command,
         "size 64): at this rate it will barely move"
     )
     assert line.endswith(f"`vlrft {command} --print-config` shows every value this run uses")
+
+
+YES_NO = REPO / "configs" / "policy" / "yes_no.yaml"
+
+
+def test_synthetic_settings_no_source_draws_are_one_warning_at_start(tmp_path, capsys):
+    """A recipe's ``data.synthetic_*`` settings with the sources pointed at a file (``yes_no.yaml`` on one's own
+    records) draw nothing: one warning line naming each setting and the source it would apply to, not a silent
+    drop; the run goes on (here to its next check, the missing file)."""
+    capsys.readouterr()
+    out, data = tmp_path / "run", tmp_path / "none.jsonl"
+    assert main(["train-policy", str(YES_NO), f"train.output_dir={out}", f"data.train_source={data}"]) == 2
+    # the held-out source is still synthetic:yes_no, which draws with the options: no warning
+    assert not capsys.readouterr().err.startswith("warning")
+    args = [f"data.train_source={data}", f"data.eval_source={data}", "data.synthetic_train_size=16"]
+    assert main(["train-policy", str(YES_NO), f"train.output_dir={out}", *args]) == 2
+    options = {"num_colors": 2, "noise": 24, "image_size": 112, "paired": True}
+    assert capsys.readouterr().err.splitlines() == [
+        "warning: not used, as no synthetic:TASK source draws them: "
+        f"data.synthetic_train_size=16 (data.train_source={str(data)!r}); "
+        f"data.synthetic_options={options} (data.train_source={str(data)!r}, data.eval_source={str(data)!r})",
+        f"vlrft train-policy: config error: data.train_source={data}: no such file or folder",
+    ]
+    assert not out.exists()
+    # each size by its own source: the held-out size is unused where the held-out source is a file or empty
+    cfg = load_config(PolicyTrainConfig, None, [f"data.eval_source={data}", "data.synthetic_eval_size=8"])
+    assert start_warnings(cfg, "train-policy")[-1].endswith(
+        f"data.synthetic_eval_size=8 (data.eval_source={str(data)!r})"
+    )
+    cfg = load_config(PolicyTrainConfig, None, ["data.eval_source=", "data.synthetic_train_size=16", "optim.lr=1e-3"])
+    assert start_warnings(cfg, "train-policy") == []
+    # the embedded demo's own options (noise 24) are not the user's: `vlrft train-policy data.train_source=mine.jsonl
+    # data.eval_source=` says nothing of them (the command compares with the demo it starts from)
+    demo = load_config(PolicyTrainConfig, DEMOS["train-policy"], [])
+    cfg = load_config(PolicyTrainConfig, DEMOS["train-policy"], [f"data.train_source={data}", "data.eval_source="])
+    assert demo.data.synthetic_options and start_warnings(cfg, "train-policy", demo) == []
 
 
 # -- item 10: record fields vlrft does not read ------------------------------------------------------------

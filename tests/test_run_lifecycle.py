@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 from launch import SECOND_ARITHMETIC, kill_when, run_job, subprocess_env, torchrun
+from records import say_the_colour
 from safetensors.torch import load_file
 
-from vlrft.archs import ARCHS
+from vlrft.archs import ARCHS, TEXT_ARCHS
 from vlrft.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
@@ -161,15 +162,19 @@ def test_sigkilled_run_resumes_bitwise_under_a_second_arithmetic(name, tiny_mode
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "arch, extra",
-    [("qwen3_5", ()), ("qwen3_5_moe", ()), ("qwen3_vl_moe", ("rollout.routing_replay=true",))],
-    ids=["qwen3_5", "qwen3_5_moe", "qwen3_vl_moe-routing_replay"],
+    [("qwen3_5", ()), ("qwen3_5_moe", ()), ("qwen3_vl_moe", ("rollout.routing_replay=true",)), ("qwen3", ())],
+    ids=["qwen3_5", "qwen3_5_moe", "qwen3_vl_moe-routing_replay", "qwen3-text"],
 )
 def test_sigkilled_policy_run_on_the_new_archs_resumes_bitwise(arch, extra, tiny_model, tmp_path):
     """Issue 60: a train-policy run of Qwen3.5 (hybrid linear attention), Qwen3.5-MoE (router loss on) and
     Qwen3-VL-MoE with rollout routing replay, SIGKILLed after its step-4 checkpoint, resumes to the uninterrupted
-    run's weights and training metrics, bitwise."""
+    run's weights and training metrics, bitwise; text Qwen3 the same on a file of text records."""
     if arch not in ARCHS:
         pytest.skip(f"transformers without {arch} (5.24 has it)")
+    if arch in TEXT_ARCHS:
+        records = say_the_colour(tmp_path)
+        source = "reward.sources=[{name: accuracy, kind: verifier, verifier: exact_match}]"
+        extra = (*extra, f"data.train_source={records}", f"data.eval_source={records}", source)
     _resumes_bitwise("policy", tiny_model(arch), tmp_path, extra=extra)
 
 

@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 from PIL import Image
+from records import say_the_colour
 
 import vlrft.models  # noqa: F401  (registers the image-only processors)
 from vlrft.archs import ARCHS, VL_ARCHS
@@ -133,10 +134,7 @@ def test_text_qwen3_trains_through_train_sft_and_train_policy_on_text_records(ti
     forward and prefill-once decoding are proven equal to the plain paths in tests/test_group_forward.py."""
     from vlrft.cli import main
 
-    words = ["red", "green", "blue", "yellow"]
-    records = tmp_path / "colours.jsonl"
-    rows = [{"id": f"c{i}", "prompt": f"Say the colour {words[i % 4]}.", "answer": words[i % 4]} for i in range(16)]
-    records.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    records = say_the_colour(tmp_path, 16, colours=4)
     path = tiny_model("qwen3")
     quiet = ["logging.wandb=disabled", "logging.progress_bar=false", "logging.tensorboard=false"]
     data = [f"data.train_source={records}", f"data.eval_source={records}", "train.eval_every=4"]

@@ -85,10 +85,11 @@ def add_config_command(
         # before preflight; the driver checks again (without the config files, which only the command line knows)
         inputs = input_paths(cfg) + [("config file", str(path)) for path in split_config_args(args.items)[0]]
         check_clearable(Path(cfg.train.output_dir), cfg.train.resume, cfg.train.overwrite, inputs)
-        if hasattr(cfg, "optim") and hasattr(cfg, "model"):  # a tiny model at a real model's learning rate
-            from vlrft.trainer.preflight import warn_learning_rate
+        from vlrft.trainer.preflight import warn_at_start  # a tiny model at a real model's rate, unused settings
 
-            warn_learning_rate(cfg, name)
+        # what the run starts from before the user's files and overrides: the embedded demo where none is given
+        base = load_config(schema_class(schema), None if split_config_args(args.items)[0] else default, [])
+        warn_at_start(cfg, name, base)
         train(cfg)
         return 0
 

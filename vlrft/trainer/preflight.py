@@ -105,12 +105,46 @@ def learning_rate_warning(cfg: Any, command: str) -> str | None:
     )
 
 
-def warn_learning_rate(cfg: Any, command: str) -> None:
-    """Print :func:`learning_rate_warning`'s line on stderr (rank 0 of a launch only); the training commands call it
-    as they start (``vlrft.commands.add_config_command``), a run started from Python does not."""
-    line = learning_rate_warning(cfg, command)
-    if line is not None and int(os.environ.get("RANK", "0") or 0) == 0:
-        print(line, file=sys.stderr, flush=True)
+SOURCES = ("train_source", "eval_source")
+# each synthetic setting -> the sources that use it when they are synthetic:TASK
+SYNTHETIC_SETTINGS = {
+    "synthetic_train_size": ("train_source",),
+    "synthetic_eval_size": ("eval_source",),
+    "synthetic_options": SOURCES,
+}
+
+
+def unused_synthetic_warning(data: Any, base: Any = None) -> str | None:
+    """One warning line naming the ``data.synthetic_*`` settings given (other than in ``base``, the data section the
+    command starts from: its embedded demo's, or the schema's defaults) that no ``synthetic:TASK`` source draws: a size
+    whose source is a file, a hub id or empty, the options where neither source is synthetic. They are not used, and
+    said so rather than silently dropped. None when there are none."""
+    synthetic = {key: bool(getattr(data, key)) and synthetic_task(getattr(data, key)) is not None for key in SOURCES}
+    defaults = type(data)() if base is None else base
+    unused = [
+        f"data.{setting}={getattr(data, setting)} ({', '.join(f'data.{k}={getattr(data, k)!r}' for k in keys)})"
+        for setting, keys in SYNTHETIC_SETTINGS.items()
+        if getattr(data, setting) != getattr(defaults, setting) and not any(synthetic[k] for k in keys)
+    ]
+    return f"warning: not used, as no synthetic:TASK source draws them: {'; '.join(unused)}" if unused else None
+
+
+def start_warnings(cfg: Any, command: str, base: Any = None) -> list[str]:
+    """The lines a training command warns with as it starts: a learning rate its model cannot learn at
+    (:func:`learning_rate_warning`) and synthetic settings no source uses (:func:`unused_synthetic_warning`; ``base``:
+    the config the command starts from before the user's files and overrides, its embedded demo where it has one)."""
+    lines = [learning_rate_warning(cfg, command) if hasattr(cfg, "optim") and hasattr(cfg, "model") else None]
+    if hasattr(cfg, "data"):
+        lines.append(unused_synthetic_warning(cfg.data, None if base is None else base.data))
+    return [line for line in lines if line is not None]
+
+
+def warn_at_start(cfg: Any, command: str, base: Any = None) -> None:
+    """Print :func:`start_warnings` on stderr (rank 0 of a launch only); the training commands call it as they start
+    (``vlrft.commands.add_config_command``), a run started from Python does not."""
+    if int(os.environ.get("RANK", "0") or 0) == 0:
+        for line in start_warnings(cfg, command, base):
+            print(line, file=sys.stderr, flush=True)
 
 
 def check_template(template: str, key: str) -> None:
