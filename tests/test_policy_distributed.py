@@ -217,8 +217,15 @@ def single_updates(tiny_model, tmp_path_factory):
 @pytest.mark.distributed
 @pytest.mark.parametrize(
     "arch, strategy, stage",
-    # each arch once, each strategy on an MoE model (all six pairs measured on 2026-12-02, docs/tiny-models.md)
-    [("qwen3_5", "fsdp2", "2"), ("qwen3_5_moe", "deepspeed", "3"), ("qwen3_vl_moe", "fsdp2", "2")],
+    # each arch once, each strategy on an MoE model (all six pairs measured on 2026-12-02, docs/tiny-models.md);
+    # text Qwen3 under both
+    [
+        ("qwen3_5", "fsdp2", "2"),
+        ("qwen3_5_moe", "deepspeed", "3"),
+        ("qwen3_vl_moe", "fsdp2", "2"),
+        ("qwen3", "fsdp2", "2"),
+        ("qwen3", "deepspeed", "3"),
+    ],
 )
 def test_new_archs_on_two_ranks_equal_one_process(tiny_model, tmp_path, single_updates, arch, strategy, stage):
     """Qwen3.5 (hybrid linear attention), Qwen3.5-MoE and Qwen3-VL-MoE (issue 60): FSDP2 and DeepSpeed ZeRO-3 on two
@@ -233,7 +240,8 @@ def test_new_archs_on_two_ranks_equal_one_process(tiny_model, tmp_path, single_u
     computed per micro-batch, as transformers computes it per forward, and equal updates need micro-batches of the
     same samples: 4 per micro-batch, one prompt's group each, on one process and on each rank (with 3 per
     micro-batch, which groups other samples on two ranks than on one, the MoE updates differed by 7.3e-5 and 7.6e-5,
-    the same under FSDP2 and ZeRO-3; Qwen3.5 dense by 2.0e-8)."""
+    the same under FSDP2 and ZeRO-3; Qwen3.5 dense by 2.0e-8). Text Qwen3 (q/k norms) the same on the prompts
+    without their images."""
     if arch not in ARCHS:
         pytest.skip(f"transformers without {arch} (5.24 has it)")
     single = single_updates(arch)

@@ -13,6 +13,7 @@ KEY=VALUE: more train-policy overrides (e.g. strategy.compile_blocks=true).
 """
 
 import sys
+from dataclasses import replace
 
 import torch
 
@@ -20,6 +21,7 @@ import vlrft.models  # noqa: F401
 from data_pipelines.collate import encode_prompt
 from data_pipelines.synthetic import make_prompt_records
 from reward_models.pool import RewardPool
+from vlrft.archs import TEXT_ARCHS
 from vlrft.config import load_config
 from vlrft.models.cpu_matmul import OneDNNLinear
 from vlrft.models.loading import load_model
@@ -46,10 +48,12 @@ def main() -> None:
     torch.manual_seed(0)
     model, proc = load_model(model_dir)
     records = make_prompt_records("color", 4, seed=5)
+    if model.config.model_type in TEXT_ARCHS:  # a text model: the same prompts without their images
+        records = [replace(r, images=[]) for r in records]
     pool = RewardPool(cfg.reward)
     trainer = PolicyTrainer(cfg, strategy, model, proc, records, pool, accuracy=("accuracy", "vocab_answer"))
     mine = records[strategy.rank :: strategy.world_size]
-    tok = proc.tokenizer
+    tok = getattr(proc, "tokenizer", proc)  # a VL processor's tokenizer, or a text model's own
     rollouts = []
     g = torch.Generator().manual_seed(1)
     for gi, rec in enumerate(records):  # the same global samples whatever the world size
