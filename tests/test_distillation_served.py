@@ -25,7 +25,6 @@ from vlrft.trainer.teacher import ServedTeacher, Teacher, TeacherConfig, check_s
 
 REPO = Path(__file__).resolve().parents[1]
 QUIET = ["logging.wandb=disabled", "logging.progress_bar=false", "logging.tensorboard=false"]
-WORDS = COLOURS
 
 
 def _batch(student, n_prompts: int = 3, per: int = 3, seed: int = 0):
@@ -38,7 +37,7 @@ def _batch(student, n_prompts: int = 3, per: int = 3, seed: int = 0):
     prompts, index, responses = [], [], []
     for j in range(n_prompts):
         text = tok.apply_chat_template(
-            [{"role": "user", "content": f"Name the colour {WORDS[j]} once."}],
+            [{"role": "user", "content": f"Name the colour {COLOURS[j]} once."}],
             tokenize=False,
             add_generation_prompt=True,
         )

@@ -82,14 +82,14 @@ def add_config_command(
         if args.print_config:
             print(to_yaml(cfg), end="")
             return 0
+        files = split_config_args(args.items)[0]
         # before preflight; the driver checks again (without the config files, which only the command line knows)
-        inputs = input_paths(cfg) + [("config file", str(path)) for path in split_config_args(args.items)[0]]
+        inputs = input_paths(cfg) + [("config file", str(path)) for path in files]
         check_clearable(Path(cfg.train.output_dir), cfg.train.resume, cfg.train.overwrite, inputs)
         from vlrft.trainer.preflight import warn_at_start  # a tiny model at a real model's rate, unused settings
 
         # what the run starts from before the user's files and overrides: the embedded demo where none is given
-        base = load_config(schema_class(schema), None if split_config_args(args.items)[0] else default, [])
-        warn_at_start(cfg, name, base)
+        warn_at_start(cfg, name, load_config(schema_class(schema), None if files else default, []))
         train(cfg)
         return 0
 
