@@ -119,7 +119,7 @@ def unused_synthetic_warning(data: Any, base: Any = None) -> str | None:
     command starts from: its embedded demo's, or the schema's defaults) that no ``synthetic:TASK`` source draws: a size
     whose source is a file, a hub id or empty, the options where neither source is synthetic. They are not used, and
     said so rather than silently dropped. None when there are none."""
-    synthetic = {key: bool(getattr(data, key)) and synthetic_task(getattr(data, key)) is not None for key in SOURCES}
+    synthetic = {key: synthetic_task(getattr(data, key)) is not None for key in SOURCES}  # "" (no source): None
     defaults = type(data)() if base is None else base
     unused = [
         f"data.{setting}={getattr(data, setting)} ({', '.join(f'data.{k}={getattr(data, k)!r}' for k in keys)})"
