@@ -199,7 +199,7 @@ def check_synthetic_images(data: Any, vision: bool, model: str) -> None:
     name it) is refused for them in one line, naming the source, before anything loads."""
     for key in ("train_source", "eval_source"):
         source = getattr(data, key)
-        if source and synthetic_task(source) is not None and not vision:
+        if synthetic_task(source) is not None and not vision:  # "" (no source): None
             raise ConfigError(
                 f"data.{key}={source}: synthetic records carry images, but the model ({model}) is text-only; "
                 "use a vision-language model (e.g. model.tiny_arch=qwen2_5_vl) or text records of your own"
@@ -293,7 +293,7 @@ def check_synthetic(data: Any, extra: tuple[str, ...] = ()) -> None:
     options, checked = dict(data.synthetic_options), set()
     for key in ("train_source", "eval_source"):
         source = getattr(data, key)
-        task = synthetic_task(source) if source else None
+        task = synthetic_task(source)  # "" (no source): None
         if task is None or task in checked:  # the held-out records of the same task: the same options, drawn once
             continue
         checked.add(task)
