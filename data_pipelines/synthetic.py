@@ -26,6 +26,7 @@ from data_pipelines.synthetic_tasks import TASKS
 from data_pipelines.writers import write_records
 
 SYNTHETIC_PREFIX = "synthetic:"
+RECORD_OPTIONS = ("random_answers",)  # make_prompt_records' own keywords, taken by every task
 HELDOUT_SEED_OFFSET = 10_000  # held-out synthetic records are drawn with the run's seed + this, by every trainer
 
 
@@ -50,12 +51,14 @@ def check_options(task: str, options: dict[str, Any], extra: tuple[str, ...] = (
     the task does not take (nor ``extra``, the keywords of the record maker that wraps it), or a value its own
     checks refuse (one record is drawn to find out). Raises ``ValueError`` naming the option and the rule."""
     params = inspect.signature(TASKS[task]).parameters
-    known = [name for name, p in params.items() if p.kind is p.KEYWORD_ONLY] + list(extra)
+    known = [name for name, p in params.items() if p.kind is p.KEYWORD_ONLY] + list(RECORD_OPTIONS) + list(extra)
     unknown = sorted(set(options) - set(known))
     if unknown:
         raise ValueError(
             f"synthetic:{task} takes no option {', '.join(map(repr, unknown))}; its options: {', '.join(known)}"
         )
+    if not isinstance(options.get("random_answers", False), bool):
+        raise ValueError(f"synthetic:{task}: random_answers must be true or false, got {options['random_answers']!r}")
     try:
         TASKS[task](1, random.Random(0), **{k: v for k, v in options.items() if k in params})
     except (TypeError, ValueError) as exc:
@@ -67,29 +70,45 @@ def heldout_seed(seed: int) -> int:
     return seed + HELDOUT_SEED_OFFSET
 
 
-def make_prompt_records(task: str, n: int, seed: int = 0, **options: Any) -> list[PromptRecord]:
+def make_prompt_records(
+    task: str, n: int, seed: int = 0, *, random_answers: bool = False, **options: Any
+) -> list[PromptRecord]:
     """``n`` prompt records of ``task`` (one RGB PIL image each, exact answer, ``task`` as task label).
 
     ``metadata`` holds ``ground_truth`` (the answer), ``vocabulary`` (every possible answer) and the
     drawing's facts (colour, angles ...). ``options`` are the task's keywords (see the module doc).
+
+    ``random_answers``: each record's answer is a uniform draw from its vocabulary, independent of the image and
+    the question (random labels, as in Zhang et al. 2017, arXiv 1611.03530), and so is everything made from it
+    (preference pairs, judgments): data for a format-only warm start, from which a model learns the answer words
+    and nothing of which one is right. The true answer stays in ``metadata["true_answer"]``; the same seed gives
+    the same draws.
     """
     if task not in TASKS:
         raise ValueError(f"unknown synthetic task {task!r}; known: {sorted(TASKS)}")
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
+    if not isinstance(random_answers, bool):
+        raise ValueError(f"random_answers must be true or false, got {random_answers!r}")
     rng = random.Random(f"vlrft-synthetic/{task}/{seed}")
     samples = TASKS[task](n, rng, **options)
-    return [
-        PromptRecord(
-            id=f"{task}-{seed}-{i}",
-            prompt=question,
-            images=[im],
-            answer=answer,
-            task=task,
-            metadata={"ground_truth": answer, **meta, "seed": seed, "index": i},
+    coin = random.Random(f"vlrft-synthetic/{task}/{seed}/random-answers") if random_answers else None
+    records = []
+    for i, (im, question, answer, meta) in enumerate(samples):
+        facts = {**meta, "seed": seed, "index": i}
+        if coin is not None:
+            facts["true_answer"], answer = answer, coin.choice(meta["vocabulary"])
+        records.append(
+            PromptRecord(
+                id=f"{task}-{seed}-{i}",
+                prompt=question,
+                images=[im],
+                answer=answer,
+                task=task,
+                metadata={"ground_truth": answer, **facts},
+            )
         )
-        for i, (im, question, answer, meta) in enumerate(samples)
-    ]
+    return records
 
 
 def _rationale(rec: PromptRecord, wanted: bool) -> str:

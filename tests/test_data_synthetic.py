@@ -86,6 +86,37 @@ def test_yes_no_answers_are_right_and_balanced_so_one_word_scores_half():
         make_prompt_records("yes_no", 2, question="Is it?")
 
 
+def test_random_answers_are_coin_flips_of_the_vocabulary_and_what_is_made_from_them_follows():
+    """data.synthetic_options.random_answers (a format-only warm start's data): each answer a uniform draw from the
+    record's vocabulary, independent of the truth (kept as true_answer), the same for the same seed; pairs and
+    judgments are made from the drawn answer."""
+    options = {"num_colors": 2, "paired": True}
+    true = make_prompt_records("yes_no", 1024, seed=3, **options)
+    drawn = make_prompt_records("yes_no", 1024, seed=3, random_answers=True, **options)
+    assert [r.images[0].tobytes() for r in drawn[:8]] == [r.images[0].tobytes() for r in true[:8]]  # same drawings
+    assert [r.metadata["true_answer"] for r in drawn] == [r.answer for r in true]
+    assert all(r.answer in ("yes", "no") and r.metadata["ground_truth"] == r.answer for r in drawn)
+    agree = sum(d.answer == t.answer for d, t in zip(drawn, true)) / len(true)
+    # independent of the truth: agreement 0.5 +- 3.3 standard deviations (sqrt(0.25 / 1024) = 0.0156); measured 0.48
+    assert abs(agree - 0.5) < 0.052, agree
+    assert abs(Counter(r.answer for r in drawn)["yes"] / 1024 - 0.5) < 0.052
+    again = make_prompt_records("yes_no", 1024, seed=3, random_answers=True, **options)
+    assert [r.answer for r in again] == [r.answer for r in drawn]
+    colours = make_prompt_records("color", 200, seed=0, random_answers=True)
+    assert (
+        set(r.answer for r in colours) <= set(colours[0].metadata["vocabulary"])
+        and len({r.answer for r in colours}) > 2
+    )
+    pairs = make_preference_pairs("color", 8, seed=0, random_answers=True)
+    assert [p.chosen for p in pairs] == [r.answer for r in make_prompt_records("color", 8, 0, random_answers=True)]
+    judged = make_judgment_records("yes_no", 8, seed=0, paired=True, random_answers=True, num_colors=2)
+    firsts = make_prompt_records("yes_no", 4, seed=0, random_answers=True, num_colors=2)
+    assert [j.metadata["candidate"] for j in judged[::2]] == [r.answer for r in firsts]  # the drawn answer: "right"
+    assert [j.target for j in judged[:2]] == ["<answer>yes</answer>", "<answer>no</answer>"]
+    with pytest.raises(ValueError, match="random_answers must be true or false, got 'yes'"):
+        make_prompt_records("color", 2, random_answers="yes")
+
+
 def test_color_object_mode_shape_has_the_named_colour():
     for rec in make_prompt_records("color", 16, seed=1, mode="object", image_size=112):
         pixels = Counter(map(tuple, np.asarray(rec.images[0]).reshape(-1, 3).tolist()))

@@ -151,6 +151,10 @@ def test_synthetic_options_the_task_would_refuse_are_named_before_loading(tmp_pa
     with pytest.raises(ConfigError, match=r"synthetic:mark_color: mark_size must be even and fit in a quadrant"):
         preflight_policy(cfg, world=1)
     assert preflight_policy(_policy(tmp_path, "data.synthetic_options={noise: 24, num_colors: 3}"), world=1) == {}
+    # the record maker's own option, taken by every task, with its type checked
+    assert preflight_policy(_policy(tmp_path, "data.synthetic_options={random_answers: true}"), world=1) == {}
+    with pytest.raises(ConfigError, match=r"synthetic:color: random_answers must be true or false, got 'maybe'"):
+        preflight_policy(_policy(tmp_path, "data.synthetic_options={random_answers: maybe}"), world=1)
     # a judge's prompts take the judgment maker's template too; a policy's plain prompts do not
     judge_template = "data.synthetic_options={judge_template: '{question}'}"
     judge = _policy(

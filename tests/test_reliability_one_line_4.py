@@ -351,6 +351,9 @@ def test_synthetic_settings_no_source_draws_are_one_warning_at_start(tmp_path, c
     demo = load_config(PolicyTrainConfig, DEMOS["train-policy"], [])
     cfg = load_config(PolicyTrainConfig, DEMOS["train-policy"], [f"data.train_source={data}", "data.eval_source="])
     assert demo.data.synthetic_options and start_warnings(cfg, "train-policy", demo) == []
+    # a format-only warm start's recipe (random answers, no held-out source, so no held-out size) says nothing
+    fmt = load_config(SFTTrainConfig, [REPO / "configs" / "sft" / "yes_no_format.yaml"], [])
+    assert fmt.data.synthetic_options["random_answers"] is True and start_warnings(fmt, "train-sft") == []
 
 
 # -- item 10: record fields vlrft does not read ------------------------------------------------------------

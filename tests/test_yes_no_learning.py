@@ -1,17 +1,19 @@
 """Learning proofs on a yes/no visual question (issue #25), where answering one word to every image scores 0.5:
 
-- GRPO from the random tiny model with the default strict reward (configs/policy/yes_no.yaml) reaches >= 0.9
-  held-out and stays there, on its pinned seed: from scratch, which answer word is rewarded first decides the run
-  (one seed in three measured stays at 0.5; docs/train-policy.md counts it), so this run pins a trajectory that
-  learns, and no recipe tried holds on every seed;
+- GRPO after a format-only warm start (``train-sft configs/sft/yes_no_format.yaml``: the task's records with each
+  answer a coin flip, so the model learns the answer words and nothing of which is right; held-out 0.5), with a KL
+  to that warm start and the default strict reward, reaches >= 0.9 held-out: what it learns, RL learned. It held
+  on the three seeds and the second arithmetic setting measured (docs/train-policy.md). From the random model
+  itself (configs/policy/yes_no.yaml as it stands), which answer word is rewarded first decides the run and one
+  seed in three stays at 0.5 (the same doc counts it), so no test pins that trajectory any more;
 - the same task through ``train-sft`` (configs/sft/yes_no.yaml) then ``train-policy`` from the SFT model, with
-  4-token responses, ends >= 0.95 without collapse: the proof that holds across seeds and arithmetic (three SFT
-  models, four GRPO seeds, both arithmetic settings, measured; docs/train-policy.md);
+  4-token responses, ends >= 0.95 without collapse: RL keeps what SFT taught (three SFT models, four GRPO seeds,
+  both arithmetic settings, measured; docs/train-policy.md);
 - the issue's junk collapse, reproduced with the lenient verifiers of earlier versions (8 tokens, format credit
   for naming any answer): the reward rises to about 0.7 on junk, held-out accuracy stays at chance,
   ``frac_reward_zero_std`` stays near 0 (it cannot see the collapse), and the answer-collapse alarm fires.
 
-All three are marked slow (about 2, 2.5 and 3 minutes on a 2-core CPU).
+All three are marked slow (about 5, 2.5 and 3 minutes on a 2-core CPU).
 """
 
 from __future__ import annotations
@@ -27,6 +29,14 @@ from vlrft.cli import main
 REPO = Path(__file__).resolve().parents[1]
 RL = REPO / "configs" / "policy" / "yes_no.yaml"
 SFT = REPO / "configs" / "sft" / "yes_no.yaml"
+FORMAT = REPO / "configs" / "sft" / "yes_no_format.yaml"
+AFTER_FORMAT = [  # GRPO after the format-only warm start (configs/sft/yes_no_format.yaml)
+    "rollout.max_new_tokens=4",  # the warm start ends its turn after the word
+    "algorithm.kl_coef=0.1",  # to the warm start: both words stay sampled in every cell while RL separates them
+    "algorithm.entropy_coef=0",
+    "optim.lr=2e-3",  # at 3e-3 seed 0's cells stayed together for 300 steps, as SFT's do at 3e-3
+    "train.max_steps=600",  # the step at which RL first separates the cells varies: 125 to 500 measured
+]
 QUIET = ["logging.wandb=disabled", "logging.progress_bar=false", "logging.tensorboard=false"]
 
 pytestmark = pytest.mark.slow
@@ -44,22 +54,26 @@ def _alarms(run: Path) -> list[int]:
     return [r["step"] for r in _rows(run) if r.get("alarm/answer_collapse") == 1.0]
 
 
-def test_grpo_from_scratch_learns_the_yes_no_question_with_the_strict_reward(tmp_path):
-    out = tmp_path / "rl"
-    assert main(["train-policy", str(RL), f"train.output_dir={out}", *QUIET]) == 0
-    evals = _evals(out)
-    assert evals[0] <= 0.1, evals  # the random policy says neither word alone
-    # learned with margin: >= 0.9 at each of the last three evaluations (measured: 1.0 from step 200 on, and at
-    # steps 100-125 before a dip to 0.75)
-    assert min(evals[250], evals[275], evals[300]) >= 0.9, evals
-    # the policy first says one word to every image for a while (held-out 0.5 at steps 25-75, 1.0 from 100; with
-    # train.seed=1 one word at steps 48-108, 1.0 from 150), then reads the image; its groups stay mixed, so the alarm
-    # that needs a collapse it cannot leave (issue 64) is quiet here (measured: never; the old answer-only alarm
-    # fired at step 54), and the last third of the run is quiet whatever the seed
-    assert not [s for s in _alarms(out) if s >= 200], _alarms(out)
+def test_grpo_after_a_format_only_warm_start_learns_the_yes_no_question(tmp_path):
+    fmt = tmp_path / "format"
+    assert main(["train-sft", str(FORMAT), f"train.output_dir={fmt}", *QUIET]) == 0
+    rl = tmp_path / "rl"
+    assert (
+        main(["train-policy", str(RL), f"model.path={fmt / 'final'}", *AFTER_FORMAT, f"train.output_dir={rl}", *QUIET])
+        == 0
+    )
+    evals = _evals(rl)
+    # the warm start learned its answers from coin flips: it answers in the format, at chance (measured 0.5)
+    assert evals[0] <= 0.6, evals
+    # learned by RL alone, at the last three evaluations (measured on seeds 0, 1, 2 and seed 0 under
+    # MKL_CBWR=COMPATIBLE: 1.0 from step 275, 275, 325 and 500 to 600; docs/train-policy.md)
+    assert min(evals[550], evals[575], evals[600]) >= 0.9, evals
+    # while the greedy answers one word and the accuracy is flat (to step 325 measured) the held-out alarm is right
+    # to say so; once RL has separated the cells it is quiet
+    assert not [s for s in _alarms(rl) if s >= 400], _alarms(rl)
     strict = get_verifier("vocab_answer")
-    last = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()][-32:]
-    assert all(strict(s["response"], s["answer"], vocabulary=["yes", "no"]).format_ok for s in last[-8:]), last[-8:]
+    last = [json.loads(line) for line in (rl / "samples.jsonl").read_text().splitlines()][-8:]
+    assert all(strict(s["response"], s["answer"], vocabulary=["yes", "no"]).format_ok for s in last), last
 
 
 def test_sft_then_grpo_ends_above_0_95_without_collapse(tmp_path):
