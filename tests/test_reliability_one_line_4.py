@@ -353,7 +353,11 @@ def test_synthetic_settings_no_source_draws_are_one_warning_at_start(tmp_path, c
     assert demo.data.synthetic_options and start_warnings(cfg, "train-policy", demo) == []
     # a format-only warm start's recipe (random answers, no held-out source, so no held-out size) says nothing
     fmt = load_config(SFTTrainConfig, [REPO / "configs" / "sft" / "yes_no_format.yaml"], [])
-    assert fmt.data.synthetic_options["random_answers"] is True and start_warnings(fmt, "train-sft") == []
+    base = load_config(SFTTrainConfig, None, [])  # what the CLI compares a config file with: the schema's defaults
+    assert fmt.data.synthetic_options["random_answers"] is True and start_warnings(fmt, "train-sft", base) == []
+    judge = load_config(RewardModelTrainConfig, [REPO / "configs" / "reward_model" / "grm_judge_format.yaml"], [])
+    assert judge.data.synthetic_options["random_answers"] is True
+    assert start_warnings(judge, "train-reward-model", load_config(RewardModelTrainConfig, None, [])) == []
 
 
 # -- item 10: record fields vlrft does not read ------------------------------------------------------------
