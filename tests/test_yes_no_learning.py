@@ -54,6 +54,7 @@ def _alarms(run: Path) -> list[int]:
     return [r["step"] for r in _rows(run) if r.get("alarm/answer_collapse") == 1.0]
 
 
+@pytest.mark.timeout(1800)  # 5 min alone, 8 beside another test here; pytest's default of 900 s leaves too little
 def test_grpo_after_a_format_only_warm_start_learns_the_yes_no_question(tmp_path):
     fmt = tmp_path / "format"
     assert main(["train-sft", str(FORMAT), f"train.output_dir={fmt}", *QUIET]) == 0
