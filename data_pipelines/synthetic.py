@@ -57,10 +57,8 @@ def check_options(task: str, options: dict[str, Any], extra: tuple[str, ...] = (
         raise ValueError(
             f"synthetic:{task} takes no option {', '.join(map(repr, unknown))}; its options: {', '.join(known)}"
         )
-    if not isinstance(options.get("random_answers", False), bool):
-        raise ValueError(f"synthetic:{task}: random_answers must be true or false, got {options['random_answers']!r}")
-    try:
-        TASKS[task](1, random.Random(0), **{k: v for k, v in options.items() if k in params})
+    try:  # the record maker's own checks (random_answers) and the task's, on one record
+        make_prompt_records(task, 1, 0, **{k: v for k, v in options.items() if k in params or k in RECORD_OPTIONS})
     except (TypeError, ValueError) as exc:
         raise ValueError(f"synthetic:{task}: {exc}") from None
 
