@@ -185,13 +185,19 @@ def images_check(vision: bool, model_key: str) -> Callable[[Any], None]:
     return check
 
 
-def check_trainable_model(model: Any, key: str = "model.path") -> None:
+def check_trainable_model(model: Any, key: str = "model.path") -> bool:
     """The model a run trains (its folder's, or a cached hub id's, ``config.json``) is of an architecture vlrft
     trains (:func:`vlrft.models.loading.check_trainable`); the tiny model built without a path always is, and a hub
-    id not at hand is checked when it loads."""
-    config = folder_config(model.path, key) if model.path else None
-    if config is not None:
-        check_trainable(config.get("model_type"), f"{key}={model.path}")
+    id not at hand is checked when it loads. Returns whether the model sees images (a ``vision_config`` in that
+    ``config.json``, or a vision-language tiny architecture; a hub id not at hand counts as one), so the folder's
+    config is read once."""
+    if not model.path:
+        return model.tiny_arch in VL_ARCHS
+    config = folder_config(model.path, key)
+    if config is None:
+        return True
+    check_trainable(config.get("model_type"), f"{key}={model.path}")
+    return config.get("vision_config") is not None
 
 
 def check_synthetic_images(data: Any, vision: bool, model: str) -> None:
@@ -204,15 +210,6 @@ def check_synthetic_images(data: Any, vision: bool, model: str) -> None:
                 f"data.{key}={source}: synthetic records carry images, but the model ({model}) is text-only; "
                 "use a vision-language model (e.g. model.tiny_arch=qwen2_5_vl) or text records of your own"
             )
-
-
-def sees_images(model: Any) -> bool:
-    """Whether the model section names a vision-language model (its folder's config, or the tiny architecture);
-    a hub id not at hand counts as one (it is checked when it loads)."""
-    if model.path:
-        config = check_model_folder(model.path, "model.path")
-        return config is None or config.get("vision_config") is not None
-    return model.tiny_arch in VL_ARCHS
 
 
 def record_check(pool: RewardPoolConfig, vision: bool, model_key: str) -> Callable[[PromptRecord], None]:
@@ -321,8 +318,7 @@ def preflight_policy(cfg: PolicyTrainConfig, world: int | None = None) -> dict[s
     check_output_dir(cfg.train.output_dir, "train.output_dir", final="final")
     check_tools(cfg.tools)
     check_synthetic(cfg.data, JUDGMENT_OPTIONS if cfg.data.record_kind == "judgment" else ())
-    check_trainable_model(cfg.model)
-    vision = sees_images(cfg.model)
+    vision = check_trainable_model(cfg.model)
     check_synthetic_images(cfg.data, vision, model_key(cfg))
     if cfg.critic.path and cfg.algorithm.estimator.critic and not Path(cfg.critic.path).exists():
         if path_like(cfg.critic.path):
@@ -380,12 +376,12 @@ def preflight_supervised(cfg: Any) -> dict[str, SkipReport]:
     pairs are read here, images not decoded)."""
     check_template(cfg.data.prompt_template, "data.prompt_template")
     check_output_dir(cfg.train.output_dir, "train.output_dir", final="final")
-    check_trainable_model(cfg.model)
+    vision = check_trainable_model(cfg.model)
     dpo = hasattr(cfg, "dpo")
     if not dpo:
         check_tools(cfg.tools)
     check_synthetic(cfg.data)
-    check_synthetic_images(cfg.data, sees_images(cfg.model), model_key(cfg))
+    check_synthetic_images(cfg.data, vision, model_key(cfg))
     reports = {}
     for key, source, kind in (
         ("data.train_source", cfg.data.train_source, "preference" if dpo else None),
@@ -447,8 +443,7 @@ def _refuse(check: Callable[[Any], None], fields: tuple[str, ...], why: str) -> 
 def preflight_reward_model(cfg: RewardModelTrainConfig) -> dict[str, SkipReport]:
     """Every check of ``vlrft train-reward-model`` that needs no model: model folder, data, output folder."""
     check_output_dir(cfg.train.output_dir, "train.output_dir", final="final")
-    check_trainable_model(cfg.model)
-    vision = sees_images(cfg.model)
+    vision = check_trainable_model(cfg.model)
     kind = "preference" if cfg.model.kind == "srm" else "judgment"
     check_synthetic(cfg.data, ("response_template",) if kind == "preference" else JUDGMENT_OPTIONS)
     check_synthetic_images(cfg.data, vision, model_key(cfg))
