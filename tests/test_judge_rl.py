@@ -20,6 +20,7 @@ from vlrft.trainer.preflight import preflight_policy
 from vlrft.trainer.run import train_policy
 
 RECIPE = Path(__file__).resolve().parents[1] / "configs" / "policy" / "judge_rl.yaml"
+QUIET = ["logging.wandb=disabled", "logging.progress_bar=false", "logging.tensorboard=false"]
 
 
 def _config(tmp_path, model, *overrides):
@@ -29,9 +30,7 @@ def _config(tmp_path, model, *overrides):
         [
             f"model.path={model}",
             f"train.output_dir={tmp_path}",
-            "logging.tensorboard=false",
-            "logging.wandb=disabled",
-            "logging.progress_bar=false",
+            *QUIET,
             *overrides,
         ],
     )
@@ -100,7 +99,6 @@ AFTER_FORMAT = [  # judge RL after the format-only warm start (configs/reward_mo
     "train.max_steps=300",
     "train.eval_every=25",
 ]
-QUIET = ["logging.wandb=disabled", "logging.progress_bar=false", "logging.tensorboard=false"]
 
 
 @pytest.mark.slow
