@@ -18,6 +18,8 @@ import pytest
 from vlrft.processes import stat_fields
 
 REPO = Path(__file__).resolve().parents[1]
+# the overrides that keep a test's run quiet: no wandb, no progress bar, no TensorBoard files
+QUIET = ["logging.wandb=disabled", "logging.progress_bar=false", "logging.tensorboard=false"]
 
 
 # A second arithmetic setting on one machine: MKL's conditional numerical reproducibility in its COMPATIBLE branch

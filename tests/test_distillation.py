@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from launch import QUIET
 
 from vlrft.algorithms import compute_advantages, compute_policy_loss, distillation_rewards
 from vlrft.cli import main
@@ -17,7 +18,6 @@ from vlrft.config import ConfigError
 from vlrft.trainer.teacher import check_teacher, distillation_metrics
 
 F64 = torch.float64
-QUIET = ["logging.wandb=disabled", "logging.progress_bar=false", "logging.tensorboard=false"]
 
 
 # -- the estimator ---------------------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from launch import QUIET
 from records import COLOURS, say_the_colour
 from reward_servers import vllm_serve
 from teacher_server import CompletionsServer
@@ -24,7 +25,6 @@ from vlrft.errors import TeacherError
 from vlrft.trainer.teacher import ServedTeacher, Teacher, TeacherConfig, check_served_teacher
 
 REPO = Path(__file__).resolve().parents[1]
-QUIET = ["logging.wandb=disabled", "logging.progress_bar=false", "logging.tensorboard=false"]
 
 
 def _batch(student, n_prompts: int = 3, per: int = 3, seed: int = 0):

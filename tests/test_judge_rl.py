@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from launch import QUIET
 
 from data_pipelines.errors import DataError
 from data_pipelines.formatting import judgment_as_prompt
@@ -20,7 +21,6 @@ from vlrft.trainer.preflight import preflight_policy
 from vlrft.trainer.run import train_policy
 
 RECIPE = Path(__file__).resolve().parents[1] / "configs" / "policy" / "judge_rl.yaml"
-QUIET = ["logging.wandb=disabled", "logging.progress_bar=false", "logging.tensorboard=false"]
 
 
 def _config(tmp_path, model, *overrides):

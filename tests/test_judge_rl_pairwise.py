@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
+from launch import QUIET
 
 from data_pipelines.synthetic import make_preference_pairs
 from data_pipelines.writers import write_records
@@ -25,7 +26,6 @@ RECIPE = REPO / "configs" / "policy" / "judge_rl_pairwise.yaml"
 # same figures with the patch product's and the convolution's rounding (docs/reward-models.md)
 WARM_STEPS, WARM_SEED = 100, 4
 JUDGE_TOKENS = 24  # the rationale, the tagged verdict, the end token
-QUIET = ["logging.wandb=disabled", "logging.tensorboard=false"]
 
 
 def _judge(model: Path, pairs: Path) -> dict:
@@ -55,7 +55,7 @@ def test_pairwise_judge_rl_improves_a_short_warm_start(tiny_model, tmp_path):
     cfg = load_config(
         PolicyTrainConfig,
         [RECIPE],
-        [f"model.path={warm / 'final'}", f"train.output_dir={rl}", "logging.progress_bar=false", *QUIET],
+        [f"model.path={warm / 'final'}", f"train.output_dir={rl}", *QUIET],
     )
     summary = train_policy(cfg)
     after = _judge(rl / "final", pairs)

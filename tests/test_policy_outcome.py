@@ -13,9 +13,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from vlrft.cli import main
+from launch import QUIET
 
-QUIET = ["logging.wandb=disabled", "logging.progress_bar=false", "logging.tensorboard=false"]
+from vlrft.cli import main
 
 
 def _args(tmp_path: Path, model: Path, out: Path, *extra: str) -> list[str]:

@@ -16,12 +16,12 @@ import json
 from pathlib import Path
 
 import pytest
+from launch import QUIET
 
 from vlrft.cli import main
 
 pytestmark = pytest.mark.slow
 
-QUIET = ["logging.wandb=disabled", "logging.progress_bar=false", "logging.tensorboard=false"]
 HOT = ["optim.lr=8e-3", "optim.lr_scheduler=constant", "train.max_steps=80", "train.eval_every=10"]
 HOT += ["train.save_every=10", "train.keep_last=3"]
 

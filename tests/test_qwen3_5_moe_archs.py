@@ -10,6 +10,7 @@ import json
 
 import pytest
 import torch
+from launch import QUIET
 from PIL import Image
 from tolerance import assert_within
 from tool_runs import tool_sft, two_tool_steps
@@ -38,7 +39,6 @@ pytestmark = pytest.mark.skipif(
 # ~1e3 logits and 2 layers of 64-wide dot products of O(1) terms, each reordered sum off by a few ulps (1.2e-7 at
 # 1), ~10 along the path: ~1e-6 at worst. 1e-5 is ten times that (tests/test_group_forward.py's bound).
 FORWARD_BOUND = 1e-5
-QUIET = ["logging.wandb=disabled", "logging.progress_bar=false", "logging.tensorboard=false"]
 
 
 def _image(seed: int, size: tuple[int, int]) -> Image.Image:

@@ -18,14 +18,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from launch import subprocess_env
+from launch import QUIET, subprocess_env
 
 from vlrft import checkpoints
 from vlrft.cli import main as vlrft_main
 from vlrft.errors import ModelFolderError
 from vlrft.models.loading import load_model
-
-QUIET = ["logging.wandb=disabled", "logging.progress_bar=false", "logging.tensorboard=false"]
 
 
 def _sft(model: Path, out: Path, *extra: str, limit: int | None = None) -> subprocess.CompletedProcess:

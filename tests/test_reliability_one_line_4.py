@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from launch import QUIET
 
 from data_pipelines.readers import read_records
 from reward_models.config import RewardModelTrainConfig
@@ -30,7 +31,6 @@ from vlrft.trainer.preflight import DEMOS, learning_rate_warning, start_warnings
 from vlrft.trainer.supervised_config import DPOTrainConfig, SFTTrainConfig
 
 REPO = Path(__file__).resolve().parents[1]
-QUIET = ["logging.tensorboard=false", "logging.wandb=disabled", "logging.progress_bar=false"]
 
 
 def _one_line(capsys) -> str:

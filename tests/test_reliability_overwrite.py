@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from launch import QUIET
 
 from vlrft import checkpoints
 from vlrft.cli import main
@@ -18,8 +19,6 @@ from vlrft.run_folder import LOCK
 from vlrft.trainer.config import PolicyTrainConfig
 from vlrft.trainer.supervised_config import SFTTrainConfig
 from vlrft.trainer.supervised_run import train_sft
-
-QUIET = ["logging.tensorboard=false", "logging.wandb=disabled", "logging.progress_bar=false"]
 
 
 def _files(folder: Path) -> dict[str, bytes]:

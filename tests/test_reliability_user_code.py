@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from launch import QUIET
 
 from data_pipelines.images import DEFAULT_MAX_IMAGE_PIXELS
 from data_pipelines.records import PromptRecord
@@ -23,8 +24,6 @@ from vlrft.processes import stat_fields
 from vlrft.tools import ToolBox, ToolsConfig
 from vlrft.tools.base import CallError, ToolCall, ToolResult
 from vlrft.tools.box import CHARS_PER_TOKEN
-
-QUIET = ["logging.wandb=disabled", "logging.progress_bar=false", "logging.tensorboard=false"]
 
 REWARDS = """
 import math, os, subprocess, sys, time

@@ -20,6 +20,7 @@ import httpx
 import pytest
 import torch
 from aiohttp import web
+from launch import QUIET
 from reward_servers import LocalServer, Served, colour_samples, source_cfg
 from safetensors.torch import load_file
 
@@ -35,7 +36,6 @@ from vlrft.trainer.preflight import preflight_policy
 
 REPO = Path(__file__).resolve().parents[1]
 CPU = torch.device("cpu")
-QUIET = ["logging.wandb=disabled", "logging.progress_bar=false", "logging.tensorboard=false"]
 POLICY = [
     "data.synthetic_train_size=16",
     "data.synthetic_eval_size=4",

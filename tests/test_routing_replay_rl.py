@@ -14,7 +14,7 @@ import sys
 
 import pytest
 import torch
-from launch import run_job, subprocess_env, torchrun
+from launch import QUIET, run_job, subprocess_env, torchrun
 from safetensors.torch import load_file
 
 from data_pipelines.collate import collate_sequences, encode_prompt
@@ -29,7 +29,6 @@ from vlrft.rollout.hf import HFEngineConfig
 from vlrft.trainer.experience import Experience, response_logprobs, response_tensors
 
 pytestmark = pytest.mark.skipif("qwen3_vl_moe" not in ARCHS, reason="transformers without Qwen3-VL-MoE (5.24 has it)")
-QUIET = ["logging.wandb=disabled", "logging.progress_bar=false", "logging.tensorboard=false"]
 
 
 def _scaled_moe(tiny_model, tmp_path, arch: str = "qwen3_vl_moe"):

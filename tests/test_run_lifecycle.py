@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from launch import SECOND_ARITHMETIC, kill_when, run_job, subprocess_env, torchrun
+from launch import QUIET, SECOND_ARITHMETIC, kill_when, run_job, subprocess_env, torchrun
 from records import say_the_colour
 from safetensors.torch import load_file
 
@@ -22,7 +22,6 @@ from vlrft.archs import ARCHS, TEXT_ARCHS
 from vlrft.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
-QUIET = ["logging.wandb=disabled", "logging.progress_bar=false", "logging.tensorboard=false"]
 SMALL = ["data.synthetic_train_size=16", "data.synthetic_eval_size=4"]
 
 # trainer -> (command, its overrides for a small run)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from launch import QUIET
 from tolerance import assert_within
 
 from data_pipelines.synthetic import make_prompt_records, write_prompt_records
@@ -18,8 +19,6 @@ from vlrft.config import load_config
 from vlrft.models.loading import load_model
 from vlrft.strategies import make_strategy
 from vlrft.trainer.supervised_config import SFTTrainConfig
-
-QUIET = ["logging.wandb=disabled", "logging.progress_bar=false", "logging.tensorboard=false"]
 
 
 def _rows(run: Path) -> list[dict]:

@@ -8,12 +8,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from launch import run_job, subprocess_env
+from launch import QUIET, run_job, subprocess_env
 from safetensors.torch import load_file
 from tolerance import assert_within
 
 REPO = Path(__file__).resolve().parents[1]
-QUIET = ["logging.wandb=disabled", "logging.progress_bar=false", "logging.tensorboard=false"]
 
 
 def _cmd(command: str, args: list[str], nproc: int, port_offset: int = 0) -> list[str]:

@@ -24,11 +24,11 @@ import json
 from pathlib import Path
 
 import pytest
+from launch import QUIET
 
 from vlrft.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
-QUIET = ["logging.wandb=disabled", "logging.progress_bar=false", "logging.tensorboard=false"]
 REGION = f"{{name: right_region, kind: function, function: '{REPO}/examples/tools/my_tools.py:right_region'"
 REGION += ", weight: 0.0, isolation: inline}"
 SOURCES = "reward.sources=[{name: accuracy, kind: verifier, verifier: vocab_answer}, " + REGION + "]"

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from launch import QUIET
 from tool_runs import two_tool_steps
 
 from data_pipelines.chat import ChatRecord, encode_chat
@@ -32,7 +33,6 @@ from vlrft.rollout import SamplingParams, make_engine
 from vlrft.rollout.trajectories import TrajectoryRunner
 from vlrft.tools import ToolBox, ToolsConfig
 
-QUIET = ["logging.wandb=disabled", "logging.progress_bar=false", "logging.tensorboard=false"]
 GREEDY = SamplingParams(n=1, temperature=0.0, max_new_tokens=32)
 
 HOSTILE = """

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
+from launch import QUIET
 
 from data_pipelines.synthetic_video import make_dot_motion_records
 from data_pipelines.video import iter_frames
@@ -17,7 +18,6 @@ from vlrft.cli import main
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
-QUIET = ["logging.wandb=disabled", "logging.progress_bar=false", "logging.tensorboard=false"]
 # 4 frames at 2 fps (all sampled: two temporal grids), a dot of radius 10 moving 6 px a frame, frames sized to
 # 56x56 (4 tokens a grid). (With radius 6 the tiny model learnt on one seed in three: a plateau at chance.)
 DOTS = {"frames": 4, "fps": 2, "step": 6, "radius": 10}

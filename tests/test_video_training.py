@@ -13,6 +13,7 @@ import av
 import numpy as np
 import pytest
 import torch
+from launch import QUIET
 from tolerance import assert_within
 from updates import loss_gradients
 
@@ -33,7 +34,6 @@ VL = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"]
 # small frames for tiny models: a 64x64 video becomes 56x56 (Qwen2/2.5-VL) or 64x64 (Qwen3-VL), 4-8 tokens a grid
 SMALL = {"min_pixels": 3136, "max_pixels": 4096}
 SMALL_CLI = ["data.video_min_pixels=3136", "data.video_max_pixels=4096"]
-QUIET = ["logging.wandb=disabled", "logging.progress_bar=false", "logging.tensorboard=false"]
 # the bound of tests/test_group_forward.py: the same float32 sums in another order, ~1e-6 at worst; 1e-5 is 10x
 FORWARD_BOUND = 1e-5
 

@@ -22,6 +22,7 @@ import json
 from pathlib import Path
 
 import pytest
+from launch import QUIET
 
 from reward_models.verifiers import get_verifier
 from vlrft.cli import main
@@ -37,7 +38,6 @@ AFTER_FORMAT = [  # GRPO after the format-only warm start (configs/sft/yes_no_fo
     "optim.lr=2e-3",  # at 3e-3 seed 0's cells stayed together for 300 steps, as SFT's do at 3e-3
     "train.max_steps=600",  # the step at which RL first separates the cells varies: 125 to 500 measured
 ]
-QUIET = ["logging.wandb=disabled", "logging.progress_bar=false", "logging.tensorboard=false"]
 
 pytestmark = pytest.mark.slow
 

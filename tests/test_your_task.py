@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from launch import subprocess_env
+from launch import QUIET, subprocess_env
 from safetensors.torch import load_file
 
 from vlrft.cli import main
@@ -23,7 +23,6 @@ from vlrft.cli import main
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "your_task"
 REWARD = EXAMPLE / "reward.py"
-QUIET = ["logging.wandb=disabled", "logging.progress_bar=false", "logging.tensorboard=false"]
 
 
 def _data(out: Path, train: int, heldout: int, fmt: str = "jsonl") -> Path:

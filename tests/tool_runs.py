@@ -7,10 +7,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from launch import QUIET
+
 from vlrft.cli import main
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
-QUIET = ["logging.wandb=disabled", "logging.progress_bar=false", "logging.tensorboard=false"]
 
 
 def tool_sft(out: Path, *overrides: str) -> Path:
