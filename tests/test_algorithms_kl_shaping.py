@@ -52,6 +52,21 @@ def test_kl_gradcheck_and_extreme_ratio_is_finite():
     assert torch.isfinite(far).all()
 
 
+def test_k3_bounded_by_kl_max_as_verl_and_openrlhf_bound_it():
+    """``algorithm.kl_max`` (verl's low_var_kl and OpenRLHF's k3 clamp at 10): below the bound k3 and its gradient
+    are unchanged (float64 reference: d k3 / d log pi = 1 - ref / pi); above it the value is the bound and the
+    token gives no gradient; 0 leaves k3 unbounded."""
+    lp = torch.tensor([math.log(0.5), math.log(1e-6), math.log(0.9)], dtype=F64, requires_grad=True)
+    ref = torch.tensor([math.log(0.25), math.log(0.5), math.log(1e-7)], dtype=F64)
+    bounded = kl_penalty(lp, ref, "k3", max_value=10.0)
+    (grad,) = torch.autograd.grad(bounded.sum(), lp)
+    r = [0.5, 0.5 / 1e-6, 1e-7 / 0.9]
+    k3 = [x - 1 - math.log(x) for x in r]  # 0.193, 5e5 (above 10), 15.0 (above 10: pi 9e6 x ref)
+    assert bounded.tolist() == pytest.approx([k3[0], 10.0, 10.0], abs=1e-12)
+    assert grad.tolist() == pytest.approx([1 - r[0], 0.0, 0.0], abs=1e-12)
+    assert kl_penalty(lp, ref, "k3", max_value=0.0).tolist() == pytest.approx(k3, rel=1e-12)
+
+
 def test_apply_kl_penalty_hand_computed():
     r = torch.tensor([2.0, 5.0], dtype=F64)
     kl = torch.tensor([[0.1, 0.2, 0.3], [0.4, 0.5, 0.6]], dtype=F64)

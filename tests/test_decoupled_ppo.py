@@ -13,7 +13,7 @@ import torch
 
 from data_pipelines.collate import collate_sequences, encode_prompt
 from data_pipelines.records import PromptRecord
-from vlrft.algorithms import compute_policy_loss, decoupled_weights
+from vlrft.algorithms import aggregate_loss, compute_policy_loss, decoupled_weights, kl_penalty
 from vlrft.config import ConfigError, load_config
 from vlrft.trainer.config import PolicyTrainConfig
 from vlrft.trainer.experience import Experience, response_logprobs, response_tensors
@@ -282,3 +282,23 @@ def test_policy_micro_loss_decoupled_equals_compute_policy_loss_with_hand_weight
         "ppo", logp, logp.detach(), adv, mask, clip_low=0.2, clip_high=0.28, is_weights=w1, global_token_count=n_tok
     )
     assert single.item() == pytest.approx(expected_single.item(), abs=1e-6)
+
+    # the KL term's tokens came from pi_behav too: under decoupled each token's k3 is weighed by the same
+    # pi_prox / pi_behav (0 where capped), so the stale batch estimates the proximal policy's KL, not the behaviour's
+    ref = current + 0.4 * torch.randn(current.shape, generator=g)
+    with_ref = Experience(
+        batch, ids, mask, prox, ref, torch.zeros(3), adv, torch.tensor(index), rollout_log_probs=behav
+    )
+    mb_ref = with_ref.micro_batch(torch.arange(3))
+    kl_run = dict(run, kl_coef=0.1)
+    with_kl, kl_metrics = policy_micro_loss(model, mb_ref, a, n_tok, 3, 4, **kl_run)
+    k3 = kl_penalty(logp, ref, "k3")
+    expected_kl = expected + 0.1 * aggregate_loss(k3 * w, mask, "token-mean", global_token_count=n_tok)
+    assert with_kl.item() == pytest.approx(expected_kl.item(), abs=1e-6)
+    assert kl_metrics["kl"] == pytest.approx(float(k3.detach()[mask.bool()].mean()), abs=1e-6)  # the metric: unweighted
+    # with off_policy none the KL term is the plain mean of k3 over the response tokens
+    plain_kl, _ = policy_micro_loss(
+        model, mb_ref, load_config(PolicyTrainConfig, None, []).algorithm, n_tok, 3, 4, **kl_run
+    )
+    expected_plain_kl = expected_plain + 0.1 * aggregate_loss(k3, mask, "token-mean", global_token_count=n_tok)
+    assert plain_kl.item() == pytest.approx(expected_plain_kl.item(), abs=1e-6)

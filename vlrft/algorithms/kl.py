@@ -25,10 +25,12 @@ _ALIASES = {"kl": "k1", "mse": "k2", "low_var_kl": "k3"}  # verl's names
 _MAX_LOG_RATIO = 20.0  # exp(20) ~ 5e8: keeps k3 finite in float32 for extreme tokens
 
 
-def kl_penalty(log_probs: Tensor, ref_log_probs: Tensor, estimator: str = "k3") -> Tensor:
+def kl_penalty(log_probs: Tensor, ref_log_probs: Tensor, estimator: str = "k3", max_value: float = 0.0) -> Tensor:
     """Per-token KL(pi || ref) estimate ``[B, T]`` (unmasked: multiply by the response mask yourself).
 
     ``k3`` clamps ``log r`` to +-20 before the exponential so it stays finite; k1 and k2 are exact.
+    ``max_value`` > 0 (``algorithm.kl_max``) bounds ``k3`` at that value, with no gradient from a token above it,
+    as verl's ``low_var_kl`` and OpenRLHF's ``k3`` do (their bound: 10); 0 leaves it unbounded.
     Gradients flow into ``log_probs`` (and ``ref_log_probs`` if it requires grad).
     """
     estimator = _ALIASES.get(estimator, estimator)
@@ -44,7 +46,8 @@ def kl_penalty(log_probs: Tensor, ref_log_probs: Tensor, estimator: str = "k3") 
     if estimator == "k2":
         return 0.5 * log_ratio.square()
     neg = (-log_ratio).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)  # log r
-    return neg.exp() - 1 - neg
+    k3 = neg.exp() - 1 - neg
+    return k3.clamp(max=max_value) if max_value > 0 else k3
 
 
 def apply_kl_penalty(rewards: Tensor, kl: Tensor, response_mask: Tensor, kl_coef: float) -> Tensor:

@@ -86,6 +86,9 @@ class AlgorithmConfig:
     loss_agg_mode: str = option("token-mean", "how per-token losses become one loss", choices=LOSS_AGG_MODES)
     kl_coef: float = option(0.0, "KL weight (0: no reference model is loaded)", ge=0)
     kl_estimator: str = option("k3", "KL estimator", choices=KL_ESTIMATORS)
+    kl_max: float = option(
+        0.0, "bound on k3 per token, no gradient above it (verl's and OpenRLHF's: 10; 0: unbounded)", ge=0
+    )
     use_kl_loss: bool = option(True, "KL as a loss term (GRPO); false: as a per-token reward penalty (PPO)")
     kl_target: float = option(0.0, "adaptive KL controller target (0: fixed kl_coef)", ge=0)
     kl_horizon: int = option(10000, "adaptive KL controller horizon", ge=1)

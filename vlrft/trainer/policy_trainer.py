@@ -283,7 +283,7 @@ class PolicyTrainer(Trainer):
         token_rewards = shaped
         if ref_logp is not None and not a.use_kl_loss and self.kl_ctl.value > 0:
             old = old_logp if old_logp is not None else self._logprobs(self.model, batch, response_ids)
-            kl = kl_penalty(old, ref_logp, a.kl_estimator)
+            kl = kl_penalty(old, ref_logp, a.kl_estimator, a.kl_max)
             token_rewards = apply_kl_penalty(shaped, kl, response_mask, self.kl_ctl.value)
         if a.estimator.teacher:
             token_rewards = distill + (token_rewards if token_rewards.dim() == 2 else 0.0)
