@@ -12,6 +12,8 @@ from vlrft.algorithms.dynamic_sampling import (
 )
 from vlrft.algorithms.kl import AdaptiveKLController, FixedKLController, apply_kl_penalty, kl_penalty
 from vlrft.algorithms.shaping import RunningRewardNormalizer, clip_rewards, combine_rewards, overlong_penalty
+from vlrft.config import ConfigError, load_config
+from vlrft.trainer.config import PolicyTrainConfig
 
 F64 = torch.float64
 
@@ -65,6 +67,12 @@ def test_k3_bounded_by_kl_max_as_verl_and_openrlhf_bound_it():
     assert bounded.tolist() == pytest.approx([k3[0], 10.0, 10.0], abs=1e-12)
     assert grad.tolist() == pytest.approx([1 - r[0], 0.0, 0.0], abs=1e-12)
     assert kl_penalty(lp, ref, "k3", max_value=0.0).tolist() == pytest.approx(k3, rel=1e-12)
+    # a bound the chosen estimator would not read is refused, not ignored
+    with pytest.raises(ConfigError) as e:
+        load_config(PolicyTrainConfig, None, ["algorithm.kl_max=10", "algorithm.kl_estimator=k1"])
+    assert (
+        str(e.value) == "algorithm.kl_max=10.0: bounds the k3 estimator only, not algorithm.kl_estimator=k1; leave it 0"
+    )
 
 
 def test_apply_kl_penalty_hand_computed():

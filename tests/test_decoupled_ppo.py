@@ -302,3 +302,14 @@ def test_policy_micro_loss_decoupled_equals_compute_policy_loss_with_hand_weight
     )
     expected_plain_kl = expected_plain + 0.1 * aggregate_loss(k3, mask, "token-mean", global_token_count=n_tok)
     assert plain_kl.item() == pytest.approx(expected_plain_kl.item(), abs=1e-6)
+    # with algorithm.high_entropy_rho < 1 the policy loss sees only the high-entropy tokens, the KL term every
+    # response token, each weighed by pi_prox / pi_behav: the KL part of the loss is unchanged
+    rho = load_config(
+        PolicyTrainConfig,
+        None,
+        ["algorithm.off_policy=decoupled", "algorithm.behav_imp_weight_cap=1.5", "algorithm.high_entropy_rho=0.5"],
+    ).algorithm
+    with_rho, _ = policy_micro_loss(model, mb_ref, rho, n_tok, 3, 4, **kl_run)
+    without_kl, _ = policy_micro_loss(model, mb_ref, rho, n_tok, 3, 4, **run)
+    kl_part = 0.1 * aggregate_loss(k3 * w, mask, "token-mean", global_token_count=n_tok)
+    assert (with_rho - without_kl).item() == pytest.approx(kl_part.item(), abs=1e-6)

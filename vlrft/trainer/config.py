@@ -178,6 +178,11 @@ class AlgorithmConfig:
             )
         self._check_sapo()
         self._check_off_policy()
+        if self.kl_max > 0 and self.kl_estimator != "k3":
+            raise ConfigError(
+                f"algorithm.kl_max={self.kl_max}: bounds the k3 estimator only, not "
+                f"algorithm.kl_estimator={self.kl_estimator}; leave it 0"
+            )
 
     def _check_sapo(self) -> None:
         """SAPO has a gate and no clip range; its temperatures are read by it alone: neither is set in vain."""
