@@ -97,14 +97,12 @@ def policy_micro_loss(
     metrics["policy/loss"] = float(loss.detach())
     if "ref_log_probs" in mb:
         kl = kl_penalty(logp, mb["ref_log_probs"].to(dev), a.kl_estimator, a.kl_max)
-        weighed = kl
-        if a.off_policy == "decoupled":  # the KL's tokens came from pi_behav too: weighed by pi_prox / pi_behav
-            weights = is_weights if a.high_entropy_rho >= 1.0 else _decoupled(mb, old, mask, a.behav_imp_weight_cap)[0]
-            weighed = kl * weights
-        kl_term = aggregate_loss(weighed, mask, a.loss_agg_mode, **agg)
         metrics["kl"] = float(kl.detach()[mask.bool()].mean()) if mask.any() else 0.0
         if a.use_kl_loss:
-            loss = loss + kl_coef * kl_term
+            if a.off_policy == "decoupled":  # the KL's tokens came from pi_behav too: weighed by pi_prox / pi_behav
+                every_token = a.high_entropy_rho >= 1.0
+                kl = kl * (is_weights if every_token else _decoupled(mb, old, mask, a.behav_imp_weight_cap)[0])
+            loss = loss + kl_coef * aggregate_loss(kl, mask, a.loss_agg_mode, **agg)
     if teacher is not None:  # teacher.per_token: vocabulary
         vocabulary_log_probs, coef = teacher
         divergence = vocabulary_reverse_kl(logits, vocabulary_log_probs(mb).to(dev), temperature)
