@@ -5,7 +5,9 @@ through the CLI) and leaves every file where it was, byte for byte."""
 
 from __future__ import annotations
 
+import json
 import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -15,7 +17,7 @@ from vlrft import checkpoints
 from vlrft.cli import main
 from vlrft.config import ConfigError, input_paths, load_config
 from vlrft.errors import RunFolderError
-from vlrft.run_folder import LOCK
+from vlrft.run_folder import LOCK, WRITE_CHECK, claim
 from vlrft.trainer.config import PolicyTrainConfig
 from vlrft.trainer.supervised_config import SFTTrainConfig
 from vlrft.trainer.supervised_run import train_sft
@@ -105,6 +107,17 @@ def test_a_folder_vlrft_did_not_write_is_never_cleared(tmp_path, capsys):
     before = _files(mine)
     _refused(capsys, [f"train.output_dir={mine}"], "no RUN.json: it does not look like a vlrft run folder")
     assert _files(mine) == before
+
+
+def test_another_ranks_write_check_is_not_another_runs_output(tmp_path):
+    # every rank's preflight tries a folder in train.output_dir (made and removed at once) while rank 0 claims it:
+    # a torchrun run once refused its own fresh folder for a trial folder of another rank (CI, stop 78)
+    out = tmp_path / "run"
+    out.mkdir()
+    trial = tempfile.mkdtemp(prefix=WRITE_CHECK, dir=out)  # the other rank's trial, not yet removed
+    run = claim(out, "auto", False, log=lambda _: None)
+    assert json.loads((out / checkpoints.RUN_FILE).read_text())["run_id"] == run
+    assert sorted(p.name for p in out.iterdir()) == sorted([checkpoints.RUN_FILE, Path(trial).name])
 
 
 @pytest.mark.parametrize("value", ["", "   "])

@@ -50,6 +50,9 @@ from vlrft.processes import gone, identity
 from vlrft.tracking import truncate_run_logs
 
 LOCK = "LOCK"
+# the trial folder :func:`_writable_above` makes and removes at once; on a multi-rank run another rank's trial may
+# be in the run folder while rank 0 lists it, so it is never counted as an output
+WRITE_CHECK = ".vlrft-write-check-"
 
 
 # what a run writes at the top of its folder (vlrft.loop, vlrft.tracking, vlrft.liveness, vlrft.models.tiny, the
@@ -168,7 +171,9 @@ def heartbeat(out: Path, interval_s: float = HEARTBEAT_S) -> Iterator[None]:
 
 
 def _outputs(out: Path) -> list[str]:
-    return sorted(p.name for p in out.iterdir() if p.name != LOCK) if out.is_dir() else []
+    if not out.is_dir():
+        return []
+    return sorted(p.name for p in out.iterdir() if p.name != LOCK and not p.name.startswith(WRITE_CHECK))
 
 
 def resuming(out: Path, resume: str) -> bool:
@@ -253,7 +258,7 @@ def _writable_above(out: Path, where: str, key: str) -> None:
     if not existing.is_dir():
         raise ConfigError(f"{where}: {existing} is a file, so nothing can be written under it; choose another {key}")
     try:
-        os.rmdir(tempfile.mkdtemp(prefix=".vlrft-write-check-", dir=existing))
+        os.rmdir(tempfile.mkdtemp(prefix=WRITE_CHECK, dir=existing))
     except OSError as exc:
         raise ConfigError(
             f"{where}: {existing} is not writable ({exc.strerror or exc}); choose another {key}"
