@@ -15,6 +15,8 @@ from vlrft.strategies.placement import rollout_rank_set
 from vlrft.trainer.async_rl import empty_buffers, flat_buffers, load_buffers, stream_layout
 from vlrft.trainer.config import PolicyTrainConfig
 
+REPO = Path(__file__).resolve().parents[1]
+
 
 def test_rollout_ranks_are_the_first_local_ranks_of_every_node():
     assert rollout_rank_set(2, 2, 1) == [0]
@@ -282,31 +284,38 @@ def test_a_stopped_rollout_rank_ends_the_run_within_the_heartbeat_timeout(tmp_pa
 
 @pytest.mark.slow
 @pytest.mark.distributed
-# verl's one-step off-policy with whole rollouts; two versions behind with partial rollouts (both measured at staleness
-# 1 and 2 on 2026-12-02, docs/async.md; the slow suite keeps these two of the four runs)
-@pytest.mark.parametrize("staleness, partial", [(1, False), (2, True)], ids=["1-whole", "2-partial"])
+# the shipped overlay (configs/policy/async.yaml: decoupled PPO) at half the demo's learning rate, where fifteen seeds
+# were measured in every pairing (docs/async.md); one and two steps stale with whole rollouts, two with partial ones
+# (staleness 1 with partial rollouts, measured there on fifteen seeds, is left out of the suite for its time)
+@pytest.mark.parametrize(
+    "staleness, partial", [(1, False), (2, False), (2, True)], ids=["1-whole", "2-whole", "2-partial"]
+)
 def test_the_colour_demo_learns_under_staleness(tmp_path, staleness, partial):
-    """The embedded demo (no config) with one rollout and one trainer rank and samples 1 or 2 updates old
-    (algorithm.off_policy none, verl's one-step off-policy): held-out accuracy >= 0.95 at steps 125 and 150, where
-    the synchronous run with keyed sampling reached 1.0 at step 125 (0.75 at 100): within 1.25 x its steps (156).
+    """The embedded demo with configs/policy/async.yaml (one rollout and one trainer rank, decoupled PPO),
+    ``optim.lr=1e-3``, keyed sampling, ``train.seed=9``, 150 steps, samples 1 or 2 updates old: held-out accuracy
+    >= 0.95 at steps 125 and 150, where the synchronous run with the same settings (one process) is 0.75 at step 100
+    and 1.0 at 125 and 150: within 1.25 x its steps (156), at two evaluations. Measured (Intel Xeon, the tests' pins,
+    2026-12-05, two runs at once): staleness 1 and 2, whole or partial, 1.0 at 125 and 150, as the synchronous run.
 
     ``partial``: partial rollouts, with the step's prompts generated one at a time
     (``rollout.micro_rollout_batch_size=1``): the demo's answers are one token, so a version can land only between two
-    generate calls, and without the split the rollout rank almost always finishes its step before the next version is
-    published (1 and 9 loads in 150 steps measured). With staleness 2 the test asserts that versions did land mid-step
-    (``async/partial_loads``). When a version lands depends on timing, so a partial run is not reproducible, and its
-    learning is asserted only past the demo's 0.75 plateau (>= 0.75 at steps 100, 125, 150; 0.0 at step 0): alone on
-    the machine (AMD EPYC; Intel Xeon) every partial run of seed 0 reached 1.0 by step 100, but with two runs at once
-    (Intel Xeon, 2026-12-02) versions landed 37-68 times and 1 of 6 runs at staleness 2 stayed at 0.75 to step 150
-    (the others reached 1.0 at step 75, 100 or 125), and a CI run stood at 0.75 at step 75 (docs/async.md)."""
+    generate calls (52 loads in 150 steps measured). The test asserts that versions did land mid-step. When a version
+    lands depends on timing, so a partial run is not reproducible, and its learning is asserted past the demo's 0.75
+    plateau only (>= 0.75 at steps 100, 125, 150; 0.0 at step 0): at the demo's own learning rate (2e-3) a CI run stood
+    at 0.75 at step 75, and 1 of 6 runs made with two at once stayed at 0.75 to step 150 (docs/async.md); at 1e-3 all
+    fifteen seeds' partial runs, two at once, held within 1.25 x."""
     out = tmp_path / "run"
     split = ["rollout.asynchronous.partial=true", "rollout.micro_rollout_batch_size=1"] if partial else []
     cmd = torchrun(
         "-m",
         "vlrft",
         "train-policy",
-        "rollout.mode=async",
+        str(REPO / "vlrft" / "trainer" / "demo.yaml"),
+        str(REPO / "configs" / "policy" / "async.yaml"),
         f"rollout.asynchronous.max_staleness={staleness}",
+        "rollout.keyed_sampling=true",
+        "optim.lr=1e-3",
+        "train.seed=9",
         *split,
         f"train.output_dir={out}",
         "train.max_steps=150",
@@ -324,11 +333,8 @@ def test_the_colour_demo_learns_under_staleness(tmp_path, staleness, partial):
     assert max(stale) == staleness, stale[:5]
     loads = sum(r.get("async/partial_loads", 0) for r in rows)
     # with staleness 2 the rollout rank starts a step with the version before the newest, so the newest lands while
-    # it samples (109 loads in 150 steps measured); with staleness 1 only when its step outlasts the trainer's (5)
-    if not partial:
-        assert loads == 0, loads
-    elif staleness == 2:
-        assert loads > 0, loads
+    # it samples (52 loads in 150 steps measured, two runs at once); with whole rollouts never
+    assert (loads > 0) if partial else (loads == 0), loads
     bound = 0.75 if partial else 0.95
     assert evals[0] == 0.0 and all(evals[s] >= bound for s in (100, 125, 150) if partial or s > 100), evals
     assert "alarm" not in res.stdout, res.stdout[-3000:]
