@@ -283,6 +283,32 @@ def test_a_stopped_rollout_rank_ends_the_run_within_the_heartbeat_timeout(tmp_pa
     assert int(line.split("sent no heartbeat for ")[1].split(" s")[0]) >= 10, line
 
 
+DEMO = REPO / "vlrft" / "trainer" / "demo.yaml"
+
+
+def _async_run(tmp_path: Path, config: Path, staleness: int, *overrides: str, port_offset: int):
+    """``config`` with configs/policy/async.yaml and ``overrides`` under torchrun (1 rollout + 1 trainer rank),
+    ``staleness`` steps stale, in ``tmp_path / "run"``: the finished job and its metrics rows."""
+    out = tmp_path / "run"
+    asynchronous = [str(config), str(REPO / "configs" / "policy" / "async.yaml")]
+    stale = f"rollout.asynchronous.max_staleness={staleness}"
+    cmd = torchrun(
+        "-m",
+        "vlrft",
+        "train-policy",
+        *asynchronous,
+        stale,
+        *overrides,
+        f"train.output_dir={out}",
+        *QUIET,
+        nproc=2,
+        port_offset=port_offset,
+    )
+    res = run_job(cmd, env=subprocess_env(), timeout=900)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-6000:]
+    return res, [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+
+
 @pytest.mark.slow
 @pytest.mark.distributed
 # the shipped overlay (configs/policy/async.yaml: decoupled PPO) at half the demo's learning rate, where fifteen seeds
@@ -305,30 +331,9 @@ def test_the_colour_demo_learns_under_staleness(tmp_path, staleness, partial):
     plateau only (>= 0.75 at steps 100, 125, 150; 0.0 at step 0): at the demo's own learning rate (2e-3) a CI run stood
     at 0.75 at step 75, and 1 of 6 runs made with two at once stayed at 0.75 to step 150 (docs/async.md); at 1e-3 all
     fifteen seeds' partial runs, two at once, held within 1.25 x."""
-    out = tmp_path / "run"
     split = ["rollout.asynchronous.partial=true", "rollout.micro_rollout_batch_size=1"] if partial else []
-    cmd = torchrun(
-        "-m",
-        "vlrft",
-        "train-policy",
-        str(REPO / "vlrft" / "trainer" / "demo.yaml"),
-        str(REPO / "configs" / "policy" / "async.yaml"),
-        f"rollout.asynchronous.max_staleness={staleness}",
-        "rollout.keyed_sampling=true",
-        "optim.lr=1e-3",
-        "train.seed=9",
-        *split,
-        f"train.output_dir={out}",
-        "train.max_steps=150",
-        "logging.progress_bar=false",
-        "logging.wandb=disabled",
-        "logging.tensorboard=false",
-        nproc=2,
-        port_offset=50 + staleness + 2 * partial,
-    )
-    res = run_job(cmd, env=subprocess_env(), timeout=900)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-6000:]
-    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    overrides = ["rollout.keyed_sampling=true", "optim.lr=1e-3", "train.seed=9", *split, "train.max_steps=150"]
+    res, rows = _async_run(tmp_path, DEMO, staleness, *overrides, port_offset=50 + staleness + 2 * partial)
     evals = {r["step"]: r["eval/accuracy"] for r in rows if "eval/accuracy" in r}
     stale = [r["async/staleness_max"] for r in rows if "async/staleness_max" in r]
     assert max(stale) == staleness, stale[:5]
@@ -365,13 +370,7 @@ def test_the_yes_no_task_learns_under_staleness_after_its_warm_start(tmp_path, y
     pins, 2026-12-05, two runs at once): one step stale 1.0 from 150, two steps stale from 120 (docs/async.md). The
     answer is one or two tokens, so with partial rollouts no version lands mid-generation (0 loads in 600 steps
     measured) and those runs are these."""
-    out = tmp_path / "run"
-    cmd = torchrun(
-        "-m",
-        "vlrft",
-        "train-policy",
-        str(REPO / "configs" / "policy" / "yes_no.yaml"),
-        str(REPO / "configs" / "policy" / "async.yaml"),
+    overrides = [
         f"model.path={yes_no_warm_start}",
         "rollout.max_new_tokens=4",  # the warm start ends its turn after the word
         "algorithm.kl_coef=0.1",
@@ -381,15 +380,10 @@ def test_the_yes_no_task_learns_under_staleness_after_its_warm_start(tmp_path, y
         "train.max_steps=200",
         "train.eval_every=10",
         "rollout.keyed_sampling=true",
-        f"rollout.asynchronous.max_staleness={staleness}",
-        f"train.output_dir={out}",
-        *QUIET,
-        nproc=2,
-        port_offset=60 + staleness,
+    ]
+    _, rows = _async_run(
+        tmp_path, REPO / "configs" / "policy" / "yes_no.yaml", staleness, *overrides, port_offset=60 + staleness
     )
-    res = run_job(cmd, env=subprocess_env(), timeout=900)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-6000:]
-    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     evals = {r["step"]: r["eval/accuracy"] for r in rows if "eval/accuracy" in r}
     assert max(r["async/staleness_max"] for r in rows if "async/staleness_max" in r) == staleness
     assert evals[0] <= 0.6 and all(evals[s] >= 0.9 for s in range(170, 201, 10)), evals
