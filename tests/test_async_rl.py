@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from launch import QUIET, run_job, subprocess_env, torchrun
+from test_yes_no_learning import AFTER_FORMAT, FORMAT
 
 from vlrft.cli import main
 from vlrft.config import ConfigError, load_config
@@ -351,10 +352,7 @@ def yes_no_warm_start(tmp_path_factory) -> Path:
     """The format-only warm start of the yes/no learning proof (configs/sft/yes_no_format.yaml, 100 steps, seed 0):
     the answer words in the format, each answer a coin flip, so held-out 0.5."""
     out = tmp_path_factory.mktemp("yes-no-format") / "sft"
-    assert (
-        main(["train-sft", str(REPO / "configs" / "sft" / "yes_no_format.yaml"), f"train.output_dir={out}", *QUIET])
-        == 0
-    )
+    assert main(["train-sft", str(FORMAT), f"train.output_dir={out}", *QUIET]) == 0
     return out / "final"
 
 
@@ -372,9 +370,7 @@ def test_the_yes_no_task_learns_under_staleness_after_its_warm_start(tmp_path, y
     measured) and those runs are these."""
     overrides = [
         f"model.path={yes_no_warm_start}",
-        "rollout.max_new_tokens=4",  # the warm start ends its turn after the word
-        "algorithm.kl_coef=0.1",
-        "algorithm.entropy_coef=0",
+        *AFTER_FORMAT,  # the proof's recipe; the overrides after it take the place of its rate and length
         "optim.lr=1e-3",
         "optim.lr_scheduler=constant",
         "train.max_steps=200",
