@@ -327,11 +327,12 @@ def test_the_colour_demo_learns_under_staleness(tmp_path, staleness, partial):
 
     ``partial``: partial rollouts, with the step's prompts generated one at a time
     (``rollout.micro_rollout_batch_size=1``): the demo's answers are one token, so a version can land only between two
-    generate calls (52 loads in 150 steps measured). The test asserts that versions did land mid-step. When a version
-    lands depends on timing, so a partial run is not reproducible, and its learning is asserted past the demo's 0.75
-    plateau only (>= 0.75 at steps 100, 125, 150; 0.0 at step 0): at the demo's own learning rate (2e-3) a CI run stood
-    at 0.75 at step 75, and 1 of 6 runs made with two at once stayed at 0.75 to step 150 (docs/async.md); at 1e-3 all
-    fifteen seeds' partial runs, two at once, held within 1.25 x."""
+    generate calls. The test asserts that versions did land mid-step. When a
+    version lands depends on timing, so a partial run is not reproducible: before the 1.25 x bound it varies (0.5 at
+    step 100 in four of five runs of seed 9, 0.75 in one; 22-64 loads; the tests' pins and MKL_CBWR=COMPATIBLE), and
+    it asserts what held in all five, and on all fifteen seeds of docs/async.md's sweep: 1.0 at steps 125 and 150, as
+    the whole runs. (At the demo's own learning rate, 2e-3, a CI
+    run stood at 0.75 at step 75, and 1 of 6 runs made with two at once stayed at 0.75 to step 150.)"""
     split = ["rollout.asynchronous.partial=true", "rollout.micro_rollout_batch_size=1"] if partial else []
     overrides = ["rollout.keyed_sampling=true", "optim.lr=1e-3", "train.seed=9", *split, "train.max_steps=150"]
     res, rows = _async_run(tmp_path, DEMO, staleness, *overrides, port_offset=50 + staleness + 2 * partial)
@@ -342,8 +343,7 @@ def test_the_colour_demo_learns_under_staleness(tmp_path, staleness, partial):
     # with staleness 2 the rollout rank starts a step with the version before the newest, so the newest lands while
     # it samples (52 loads in 150 steps measured, two runs at once); with whole rollouts never
     assert (loads > 0) if partial else (loads == 0), loads
-    bound = 0.75 if partial else 0.95
-    assert evals[0] == 0.0 and all(evals[s] >= bound for s in (100, 125, 150) if partial or s > 100), evals
+    assert evals[0] == 0.0 and evals[125] >= 0.95 and evals[150] >= 0.95, evals
     assert "alarm" not in res.stdout, res.stdout[-3000:]
 
 
