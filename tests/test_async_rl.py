@@ -327,12 +327,12 @@ def test_the_colour_demo_learns_under_staleness(tmp_path, staleness, partial):
 
     ``partial``: partial rollouts, with the step's prompts generated one at a time
     (``rollout.micro_rollout_batch_size=1``): the demo's answers are one token, so a version can land only between two
-    generate calls. The test asserts that versions did land mid-step. When a
-    version lands depends on timing, so a partial run is not reproducible: before the 1.25 x bound it varies (0.5 at
-    step 100 in four of five runs of seed 9, 0.75 in one; 22-64 loads; the tests' pins and MKL_CBWR=COMPATIBLE), and
-    it asserts what held in all five, and on all fifteen seeds of docs/async.md's sweep: 1.0 at steps 125 and 150, as
-    the whole runs. (At the demo's own learning rate, 2e-3, a CI
-    run stood at 0.75 at step 75, and 1 of 6 runs made with two at once stayed at 0.75 to step 150.)"""
+    generate calls. The test asserts that versions did land mid-step. When a version lands depends on timing, so a
+    partial run is not reproducible: before the 1.25 x bound it varies (0.5 at step 100 in four of five runs of seed
+    9, 0.75 in one; 22-64 loads; the tests' pins and MKL_CBWR=COMPATIBLE), and it asserts what held in all five, and
+    on all fifteen seeds of docs/async.md's sweep: 1.0 at steps 125 and 150, as the whole runs. (At the demo's own
+    learning rate, 2e-3, a CI run stood at 0.75 at step 75, and 1 of 6 runs made with two at once stayed at 0.75 to
+    step 150.)"""
     split = ["rollout.asynchronous.partial=true", "rollout.micro_rollout_batch_size=1"] if partial else []
     overrides = ["rollout.keyed_sampling=true", "optim.lr=1e-3", "train.seed=9", *split, "train.max_steps=150"]
     res, rows = _async_run(tmp_path, DEMO, staleness, *overrides, port_offset=50 + staleness + 2 * partial)
@@ -347,28 +347,12 @@ def test_the_colour_demo_learns_under_staleness(tmp_path, staleness, partial):
     assert "alarm" not in res.stdout, res.stdout[-3000:]
 
 
-@pytest.fixture(scope="module")
-def yes_no_warm_starts(tmp_path_factory):
-    """The format-only warm start of the yes/no learning proof (configs/sft/yes_no_format.yaml, 100 steps) of a
-    ``train.seed``, made once per module: the answer words in the format, each answer a coin flip, so held-out 0.5."""
-    made: dict[int, Path] = {}
-
-    def warm_start(seed: int) -> Path:
-        if seed not in made:
-            out = tmp_path_factory.mktemp(f"yes-no-format-{seed}") / "sft"
-            assert main(["train-sft", str(FORMAT), f"train.seed={seed}", f"train.output_dir={out}", *QUIET]) == 0
-            made[seed] = out / "final"
-        return made[seed]
-
-    return warm_start
-
-
 @pytest.mark.slow
 @pytest.mark.distributed
 # one seed per staleness: the one whose synchronous and lagged runs met the bar with room to spare under both
 # arithmetic settings measured (the tests' pins and MKL_CBWR=COMPATIBLE); the other seeds are in docs/async.md
 @pytest.mark.parametrize("staleness, seed", [(1, 0), (2, 1)], ids=["1-seed0", "2-seed1"])
-def test_the_yes_no_task_learns_under_staleness_after_its_warm_start(tmp_path, yes_no_warm_starts, staleness, seed):
+def test_the_yes_no_task_learns_under_staleness_after_its_warm_start(tmp_path, staleness, seed):
     """GRPO on the yes/no question from its format-only warm start (the recipe of
     tests/test_yes_no_learning.py with ``optim.lr=1e-3`` held constant for 200 steps, keyed sampling, evaluated every
     10 steps, warm start and RL on ``train.seed``) with configs/policy/async.yaml (decoupled PPO): held-out accuracy
@@ -386,8 +370,12 @@ def test_the_yes_no_task_learns_under_staleness_after_its_warm_start(tmp_path, y
 
     The answer is one or two tokens, so with partial rollouts no version lands mid-generation (0 loads in 600 steps
     measured) and those runs are these."""
+    # the format-only warm start of the yes/no learning proof (configs/sft/yes_no_format.yaml, 100 steps) on the seed:
+    # the answer words in the format, each answer a coin flip, so held-out 0.5
+    warm = tmp_path / "format"
+    assert main(["train-sft", str(FORMAT), f"train.seed={seed}", f"train.output_dir={warm}", *QUIET]) == 0
     overrides = [
-        f"model.path={yes_no_warm_starts(seed)}",
+        f"model.path={warm / 'final'}",
         *AFTER_FORMAT,  # the proof's recipe; the overrides after it take the place of its rate and length
         "optim.lr=1e-3",
         "optim.lr_scheduler=constant",
